@@ -1,0 +1,1 @@
+"""Device profiles: one TOML file per device class."""

@@ -1,0 +1,11 @@
+"""edgespec: speculative decoding for CPUs and phones.
+
+Train draft heads (`edgespec.train`), export them (`edgespec.exporters`), run draft-and-verify
+(`edgespec.runtime`) and measure it (`edgespec.bench`). Importing this package pulls in neither
+torch nor transformers.
+"""
+
+from edgespec.errors import EdgespecError
+
+__version__ = "0.1.0"
+__all__ = ["EdgespecError", "__version__"]

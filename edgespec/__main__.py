@@ -1,0 +1,5 @@
+import sys
+
+from edgespec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Exporters: draft heads to GGUF and ONNX, and verify-friendly target files."""

@@ -1,0 +1,45 @@
+"""One call from text to generated text: what `edgespec generate` runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.decoding import Generation, Stats
+from edgespec.runtime.llama_target import LlamaTarget
+from edgespec.runtime.sampling import SamplingParams
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    stats: Stats
+    draft: str  # what drafted: "none" or a head's description
+
+    def to_dict(self) -> dict:
+        out = {"text": self.text, "tokens": self.stats.tokens, "token_ids": self.token_ids,
+               "draft": self.draft}
+        out.update(self.stats.to_dict())
+        return out
+
+
+def generate(target: str | Path | LlamaTarget, prompt: str, max_tokens: int = 128,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             seed: int | None = None, stop: list[str] | None = None, n_ctx: int = 4096,
+             n_threads: int | None = None,
+             on_text: Callable[[str], None] | None = None) -> Result:
+    """Generate a continuation of `prompt`; `on_text` receives each text piece as it streams."""
+    if not prompt or not prompt.strip():
+        raise EdgespecError("empty prompt: give some text with --prompt")
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    engine = target if isinstance(target, LlamaTarget) else LlamaTarget(
+        target, n_ctx=n_ctx, n_threads=n_threads)
+    ids = engine.tokenize(prompt)
+    gen = Generation(engine, ids, sampling, max_tokens=max_tokens, stop=stop)
+    for _, piece in gen:
+        if on_text and piece:
+            on_text(piece)
+    return Result(gen.text, gen.token_ids, gen.stats, "none")

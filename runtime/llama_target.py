@@ -1,0 +1,209 @@
+"""The target on llama.cpp, through llama-cpp-python's low-level API.
+
+One sequence, one context. The engine keeps the list of tokens that sit in the KV cache, decodes
+batches with chosen output rows, returns logits and final hidden states (after the output norm:
+the vector the draft head is fed), and rolls the cache back for rejected drafts.
+
+Traps handled here (see NOTES): the high-level `Llama(draft_model=...)` path is avoided; hidden
+states need `embeddings=True` with pooling NONE, which makes every token of a batch an output, so
+prompt prefill runs with embeddings off; rolling a sliding-window cache back further than it holds
+silently corrupts logits, so `truncate` checks `llama_memory_seq_pos_min` and re-decodes the
+kept tokens when the cache no longer covers them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.targets import TargetSpec, load_target_spec
+
+try:
+    import llama_cpp as lc
+except ImportError as e:  # pragma: no cover - llama-cpp-python is a base dependency
+    raise EdgespecError(f"llama-cpp-python is not importable ({e}); run: pip install edgespec") from None
+
+
+
+@lc.llama_log_callback
+def _log_errors_only(level: int, text: bytes, user_data) -> None:
+    # ggml's levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation.
+    if level == 4:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+lc.llama_log_set(_log_errors_only, ctypes.c_void_p(0))
+_BACKEND_READY = False
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+class LlamaTarget:
+    """A target model on llama.cpp with an explicit, roll-back-able KV cache."""
+
+    def __init__(self, target: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
+                 n_batch: int = 512, swa_full: bool = False, spec: TargetSpec | None = None):
+        global _BACKEND_READY
+        self.spec = spec or load_target_spec(target)
+        if not _BACKEND_READY:
+            lc.llama_backend_init()
+            _BACKEND_READY = True
+        mparams = lc.llama_model_default_params()
+        self._model = lc.llama_model_load_from_file(self.spec.path.encode(), mparams)
+        if not self._model:
+            raise EdgespecError(f"{self.spec.path}: llama.cpp could not load this GGUF file")
+        self._vocab = lc.llama_model_get_vocab(self._model)
+        self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
+        self.n_embd = lc.llama_model_n_embd(self._model)
+        self.n_threads = n_threads or default_threads()
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.embeddings = False
+        cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
+        cparams.swa_full = swa_full
+        self._ctx = lc.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lc.llama_model_free(self._model)
+            raise EdgespecError(f"{self.spec.path}: llama.cpp could not create a context "
+                                f"(n_ctx={n_ctx}); try a smaller --n-ctx")
+        self._mem = lc.llama_get_memory(self._ctx)
+        self._batch = lc.llama_batch_init(n_batch, 0, 1)
+        self._embeddings_on = False
+        self.tokens: list[int] = []  # tokens whose K/V sit in the cache, position = index
+        self.n_redecodes = 0  # times a rollback had to re-decode because the SWA cache was short
+
+    # -- tokens -------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
+        """Text -> token ids; `add_bos` defaults to what the GGUF file asks for."""
+        add = self.spec.add_bos if add_bos is None else add_bos
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add, special)
+        if n < 0:  # buffer too small: -n is the size needed
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add, special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lc.llama_vocab_is_eog(self._vocab, token))
+
+    # -- decoding ---------------------------------------------------------------------------
+    def _set_embeddings(self, on: bool) -> None:
+        if on != self._embeddings_on:
+            lc.llama_set_embeddings(self._ctx, on)
+            self._embeddings_on = on
+
+    def _decode_chunk(self, tokens: list[int], outputs: list[bool]) -> None:
+        n, start = len(tokens), len(self.tokens)
+        if start + n > self.n_ctx:
+            raise EdgespecError(f"context is full ({self.n_ctx} tokens); use a larger n_ctx "
+                                "or a shorter prompt")
+        b = self._batch
+        b.n_tokens = n
+        for i, (t, out) in enumerate(zip(tokens, outputs)):
+            b.token[i] = t
+            b.pos[i] = start + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = out
+        rc = lc.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}")
+        self.tokens.extend(tokens)
+
+    def prefill(self, tokens: list[int]) -> None:
+        """Decode prompt tokens into the cache with no outputs (embeddings off), in n_batch chunks."""
+        self._set_embeddings(False)
+        for s in range(0, len(tokens), self.n_batch):
+            chunk = tokens[s:s + self.n_batch]
+            self._decode_chunk(chunk, [False] * len(chunk))
+
+    def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Decode up to n_batch tokens; return logits [n_out, V] and hidden states [n, E] or None.
+
+        With hidden=True every position is an output (llama.cpp's rule with embeddings on). With
+        hidden=False and all_logits=False only the last position's logits are computed, which is
+        much cheaper on a large vocabulary.
+        """
+        if not tokens:
+            raise ValueError("decode needs at least one token")
+        if len(tokens) > self.n_batch:
+            raise ValueError(f"decode takes at most n_batch={self.n_batch} tokens")
+        self._set_embeddings(hidden)
+        n = len(tokens)
+        outs = [True] * n if (all_logits or hidden) else [False] * (n - 1) + [True]
+        self._decode_chunk(tokens, outs)
+        rows = range(n) if (all_logits or hidden) else [n - 1]
+        logits = np.stack([self._row(lc.llama_get_logits_ith, i, self.n_vocab) for i in rows])
+        hid = None
+        if hidden:
+            hid = np.stack([self._row(lc.llama_get_embeddings_ith, i, self.n_embd) for i in range(n)])
+        return logits, hid
+
+    def _row(self, getter, i: int, width: int) -> np.ndarray:
+        ptr = getter(self._ctx, i)
+        if not ptr:
+            raise RuntimeError(f"llama.cpp returned no output for batch row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(width,)).copy()
+
+    def truncate(self, n: int) -> None:
+        """Roll the cache back to its first n tokens (exact, also on sliding-window caches)."""
+        if n >= len(self.tokens):
+            return
+        kept = self.tokens[:n]
+        lc.llama_memory_seq_rm(self._mem, 0, n, -1)
+        self.tokens = kept
+        window = self.spec.sliding_window
+        if window and n > 0:
+            # The next token (position n) attends back to position n - window + 1 on sliding
+            # layers; if the cache dropped cells in that range (or all: -1), re-decode.
+            pos_min = lc.llama_memory_seq_pos_min(self._mem, 0)
+            if pos_min < 0 or pos_min > max(0, n - window):
+                self.n_redecodes += 1
+                self.reset()
+                self.prefill(kept)
+
+    def reset(self) -> None:
+        lc.llama_memory_clear(self._mem, True)
+        self.tokens = []
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self._ctx)
+            lc.llama_model_free(self._model)
+            self._ctx = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,89 @@
+"""A tiny target whose numerics the tests control: an order-2 Markov chain over a small vocab.
+
+It implements the runtime's Target protocol with a token list as its "KV cache", so decoding
+logic (acceptance, rollback, stopping) can be checked exactly, without weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class MockTarget:
+    def __init__(self, vocab: int = 12, seed: int = 0, n_ctx: int = 512, eog: int | None = None,
+                 sharp: float = 3.0, n_embd: int = 8):
+        rng = np.random.default_rng(seed)
+        self.table = rng.normal(size=(vocab, vocab, vocab)) * sharp  # [prev2, prev1] -> logits
+        self.proj = rng.normal(size=(vocab, vocab, n_embd))
+        self.vocab, self.n_ctx, self.eog = vocab, n_ctx, eog
+        self.tokens: list[int] = []
+        self.decode_calls = 0
+
+    def logits_after(self, context: list[int]) -> np.ndarray:
+        a = context[-2] if len(context) >= 2 else 0
+        return self.table[a, context[-1]].copy()
+
+    def prefill(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def decode(self, tokens, hidden=False, all_logits=True):
+        self.decode_calls += 1
+        self.tokens.extend(tokens)
+        n0 = len(self.tokens) - len(tokens)
+        rows = range(len(tokens)) if (all_logits or hidden) else [len(tokens) - 1]
+        logits = np.stack([self.logits_after(self.tokens[: n0 + i + 1]) for i in rows])
+        hid = None
+        if hidden:
+            hid = np.stack([self.proj[self.tokens[n0 + i - 1] if n0 + i else 0, self.tokens[n0 + i]]
+                            for i in range(len(tokens))])
+        return logits, hid
+
+    def truncate(self, n: int) -> None:
+        del self.tokens[n:]
+
+    def reset(self) -> None:
+        self.tokens = []
+
+    def is_eog(self, token: int) -> bool:
+        return token == self.eog
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([97 + token % 26])
+
+
+class NoisyOracle:
+    """A drafter that knows the target's greedy chain but errs with probability `err`."""
+
+    needs_hidden = False
+
+    def __init__(self, target: MockTarget, err: float = 0.3, seed: int = 1):
+        self.t, self.err, self.rng = target, err, np.random.default_rng(seed)
+
+    def propose(self, context, hidden, k):
+        from edgespec.runtime.decoding import Draft
+
+        ctx, out = list(context), []
+        for _ in range(k):
+            tok = int(np.argmax(self.t.logits_after(ctx)))
+            if self.rng.random() < self.err:
+                tok = int(self.rng.integers(self.t.vocab))
+            out.append(tok)
+            ctx.append(tok)
+        return Draft(out)
+
+
+class SamplingDrafter:
+    """Draws drafts from a fixed, wrong distribution q and reports q (for lossless sampling)."""
+
+    needs_hidden = False
+
+    def __init__(self, vocab: int, seed: int = 2):
+        self.rng = np.random.default_rng(seed)
+        self.q = self.rng.dirichlet(np.ones(vocab))
+        self.ids = np.arange(vocab)
+
+    def propose(self, context, hidden, k):
+        from edgespec.runtime.decoding import Draft
+
+        toks = [int(self.rng.choice(self.ids, p=self.q)) for _ in range(k)]
+        return Draft(toks, [(self.ids, self.q)] * k)

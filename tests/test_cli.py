@@ -1,0 +1,76 @@
+"""The CLI's contract for bad input: one line on stderr, exit code 2, no traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+from test_targets import write_tiny_gguf
+
+
+def edgespec(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "edgespec", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def assert_usage_error(res, needle):
+    assert res.returncode == 2, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_bad_inputs(tmp_path):
+    good = write_tiny_gguf(tmp_path / "t.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[:-40])
+    junk = tmp_path / "junk.gguf"
+    junk.write_text("not a model\n" * 10)
+    mamba = write_tiny_gguf(tmp_path / "m.gguf", arch="mamba")
+    assert_usage_error(edgespec("info", str(tmp_path / "nope.gguf")), "no such file")
+    assert_usage_error(edgespec("info", str(junk)), "not a GGUF")
+    assert_usage_error(edgespec("info", str(cut)), "truncated")
+    assert_usage_error(edgespec("info", str(mamba)), "not supported")
+    assert_usage_error(edgespec("info", "gemma-9000"), "unknown target")
+    assert_usage_error(edgespec("generate", "--target", str(cut), "--prompt", "hi"), "truncated")
+    assert_usage_error(edgespec("generate", "--target", "gemma3-270m", "--prompt", ""), "empty prompt")
+    assert_usage_error(edgespec("generate", "--target", "gemma3-270m", "--prompt", "x",
+                                "--temperature", "-1"), "temperature")
+    assert_usage_error(edgespec("generate", "--target", "gemma3-270m", "--prompt", "x",
+                                "--max-tokens", "0"), "max-tokens")
+    assert_usage_error(edgespec("frobnicate"), "invalid choice")
+
+
+def test_info_json_on_tiny_file(tmp_path):
+    import json
+
+    res = edgespec("info", str(write_tiny_gguf(tmp_path / "t.gguf", n_layer=6)), "--json")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["n_layer"] == 6 and d["layer_types"][-1] == "global" and d["sliding_window"] == 8
+
+
+@pytest.mark.integration
+def test_info_gemma_json():
+    import json
+
+    res = edgespec("info", "gemma3-270m", "--json")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["arch"] == "gemma3" and d["n_layer"] == 18 and d["n_embd"] == 640
+    assert d["n_vocab"] == 262144 and d["sliding_window"] == 512
+    assert [i for i, t in enumerate(d["layer_types"]) if t == "global"] == [5, 11, 17]
+    assert set(d["layer_types"]) == {"sliding", "global"}
+
+
+@pytest.mark.integration
+def test_generate_gemma_json():
+    import json
+
+    res = edgespec("generate", "--target", "gemma3-270m", "--prompt", "The capital of France is",
+                   "--max-tokens", "8", "--json")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["tokens"] == 8 and len(d["token_ids"]) == 8 and d["text"].strip()
+    assert d["tokens_per_s"] > 0 and d["mean_accepted"] == 1.0

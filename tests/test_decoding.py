@@ -1,0 +1,136 @@
+"""Decoding logic on a mock target: lossless greedy, lossless sampling, stopping, rollback."""
+
+import numpy as np
+import pytest
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.decoding import FixedK, Generation
+from edgespec.runtime.sampling import SamplingParams, probs
+from mock import MockTarget, NoisyOracle, SamplingDrafter
+
+
+def plain_greedy(t: MockTarget, prompt, n):
+    ctx = list(prompt)
+    for _ in range(n):
+        ctx.append(int(np.argmax(t.logits_after(ctx))))
+    return ctx[len(prompt):]
+
+
+def run(target, prompt, n, drafter=None, k=0, sp=None, stop=None):
+    g = Generation(target, prompt, sp or SamplingParams(), max_tokens=n, drafter=drafter,
+                   policy=FixedK(k) if drafter else None, stop=stop)
+    toks = [t for t, _ in g]
+    return toks, g
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+@pytest.mark.parametrize("err", [0.0, 0.3, 1.0])
+def test_speculative_greedy_equals_plain_greedy(k, err):
+    t = MockTarget(seed=k)
+    prompt = [1, 2, 3]
+    want = plain_greedy(t, prompt, 40)
+    got, g = run(t, prompt, 40, NoisyOracle(t, err=err), k=k)
+    assert got == want
+    assert g.stats.tokens == 40
+    # the cache holds exactly the emitted tokens except the newest (pending) one
+    assert t.tokens == (prompt + got)[:-1]
+    if err == 0.0:
+        assert g.stats.mean_accepted > k  # a perfect drafter gets k + 1 per pass (bar the end)
+    if err == 1.0:
+        assert g.stats.mean_accepted < 1.5
+
+
+def test_target_only_uses_one_pass_per_token():
+    t = MockTarget()
+    got, g = run(t, [4, 5], 10)
+    assert got == plain_greedy(t, [4, 5], 10)
+    assert g.stats.verify_passes == 10 and g.stats.mean_accepted == 1.0
+
+
+def test_acceptance_counts_per_position():
+    t = MockTarget(seed=3)
+    _, g = run(t, [1, 2], 30, NoisyOracle(t, err=0.0), k=3)
+    acc = g.stats.acceptance_by_position()
+    assert len(acc) == 3 and all(a == 1.0 for a in acc)
+
+
+def test_stops_on_eog_and_stop_string():
+    t = MockTarget(seed=5)
+    seq = plain_greedy(t, [1, 2], 30)
+    t.eog = seq[5]
+    first = seq.index(t.eog)
+    got, g = run(t, [1, 2], 30, NoisyOracle(t, err=0.0), k=4)
+    assert got == seq[: first + 1] and g.stats.finish_reason == "stop"
+
+    t2 = MockTarget(seed=5)
+    text = "".join(chr(97 + x % 26) for x in seq)
+    stop = text[7:9]
+    _, g2 = run(t2, [1, 2], 30, NoisyOracle(t2, err=0.0), k=4, stop=[stop])
+    assert g2.text == text[: text.index(stop)] and g2.stats.finish_reason == "stop"
+
+
+def test_context_limit_ends_generation():
+    t = MockTarget(n_ctx=20)
+    got, g = run(t, list(range(1, 11)), 100, NoisyOracle(t, err=0.0), k=4)
+    assert g.stats.finish_reason == "context"
+    assert len(t.tokens) <= 20
+
+
+def test_bad_inputs_raise_clear_errors():
+    t = MockTarget(n_ctx=8)
+    with pytest.raises(EdgespecError, match="empty prompt"):
+        Generation(t, [], SamplingParams())
+    with pytest.raises(EdgespecError, match="context"):
+        Generation(t, list(range(9)), SamplingParams())
+    with pytest.raises(EdgespecError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(EdgespecError, match="top_p"):
+        SamplingParams(top_p=0)
+
+
+def _first_token_counts(drafter_factory, n_runs, sp_kwargs):
+    """Empirical distribution of the 2nd generated token (after a drafted 1st) over many seeds."""
+    counts = {}
+    for seed in range(n_runs):
+        t = MockTarget(vocab=6, seed=11, sharp=1.0)
+        drafter = drafter_factory(seed)
+        got, _ = run(t, [1, 2], 3, drafter, k=3, sp=SamplingParams(seed=seed, **sp_kwargs))
+        key = tuple(got[:2])
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("sp_kwargs", [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 4}])
+def test_speculative_sampling_keeps_target_distribution(sp_kwargs):
+    """Pairs (x1, x2) drawn with a wrong drafter follow the target's joint law: chi-square test."""
+    n = 4000
+    counts = _first_token_counts(lambda s: SamplingDrafter(6, seed=1000 + s), n, sp_kwargs)
+    t = MockTarget(vocab=6, seed=11, sharp=1.0)
+    sp = SamplingParams(**sp_kwargs)
+    p1 = probs(t.logits_after([1, 2]), sp)
+    expected = {}
+    for a in range(6):
+        p2 = probs(t.logits_after([1, 2, a]), sp)
+        for b in range(6):
+            if p1[a] * p2[b] > 0:
+                expected[(a, b)] = n * p1[a] * p2[b]
+    assert set(counts) <= set(expected)  # never a token the target rules out (top-k)
+    cells = [(counts.get(c, 0), e) for c, e in expected.items() if e >= 5]
+    chi2 = sum((o - e) ** 2 / e for o, e in cells)
+    dof = len(cells) - 1
+    # chi-square 99.9% quantile is below dof + 4.5 * sqrt(2 dof) for these sizes
+    assert chi2 < dof + 4.5 * np.sqrt(2 * dof), (chi2, dof)
+
+
+def test_sampling_test_detects_a_biased_sampler():
+    """The chi-square check above must be able to fail: feed it draws from the drafter's q."""
+    t = MockTarget(vocab=6, seed=11, sharp=1.0)
+    sp = SamplingParams(temperature=1.0)
+    p1 = probs(t.logits_after([1, 2]), sp)
+    q = SamplingDrafter(6, seed=1000).q
+    rng = np.random.default_rng(0)
+    draws = rng.choice(6, size=4000, p=q)
+    obs = np.bincount(draws, minlength=6)
+    exp = 4000 * p1
+    chi2 = float(((obs - exp) ** 2 / exp).sum())
+    assert chi2 > 5 + 4.5 * np.sqrt(10)

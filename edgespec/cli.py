@@ -32,7 +32,7 @@ def _cmd_generate(args) -> int:
     res = generate(args.target, args.prompt, max_tokens=args.max_tokens,
                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, stop=args.stop, n_ctx=args.n_ctx, n_threads=args.threads,
-                   on_text=stream)
+                   draft=args.draft, k=args.k, on_text=stream)
     if args.json:
         print(json.dumps(res.to_dict()))
     else:
@@ -41,6 +41,59 @@ def _cmd_generate(args) -> int:
         print(f"[{s.tokens} tokens, {s.tokens_per_s:.1f} tok/s, prefill {s.prefill_s * 1000:.0f} ms "
               f"for {s.prompt_tokens} prompt tokens, draft: {res.draft}, "
               f"mean accepted {s.mean_accepted:.2f}, finish: {s.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def _cmd_data(args) -> int:
+    from edgespec.data import DataConfig, make_data
+
+    cfg = DataConfig(n_prompts=args.n_prompts, prompt_tokens=args.prompt_tokens,
+                     new_tokens=args.new_tokens, sample_share=args.sample_share, seed=args.seed,
+                     chat=args.chat)
+    m = make_data(args.target, args.prompts, args.out, cfg)
+    print(json.dumps({k: m[k] for k in ("samples", "tokens", "target")}))
+    return 0
+
+
+def _cmd_extract(args) -> int:
+    from edgespec.features import ExtractConfig, extract
+
+    m = extract(args.target, args.data, args.out,
+                ExtractConfig(dtype=args.dtype, group_size=args.group_size))
+    print(json.dumps({k: m[k] for k in ("tokens", "dtype", "group_size", "bytes",
+                                        "bytes_per_token", "tokens_per_s")}))
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from edgespec.train import TrainConfig, train
+
+    cfg = TrainConfig(optimizer=args.optimizer, steps=args.steps, batch=args.batch,
+                      n_steps=args.unroll, draft_vocab=args.draft_vocab, lr=args.lr,
+                      seed=args.seed, threads=args.threads or 0)
+    overrides = {}
+    if args.layer_types:
+        overrides["layer_types"] = args.layer_types.split(",")
+    meta = train(args.target, args.features, args.out, cfg, resume=args.resume,
+                 head_overrides=overrides, log=lambda m: print(m, file=sys.stderr))
+    print(json.dumps({"out": args.out, "steps": meta["train"]["steps_done"],
+                      "seconds": meta["train"]["seconds"],
+                      "trainable_parameters": meta["train"]["trainable_parameters"],
+                      "draft_vocab": meta["draft_vocab"]["size"],
+                      "coverage": meta["draft_vocab"]["coverage"]}))
+    return 0
+
+
+def _cmd_eval_head(args) -> int:
+    from edgespec.train import eval_head
+
+    r = eval_head(args.ckpt, args.features, max_chain=args.max_chain)
+    if args.json:
+        print(json.dumps(r))
+    else:
+        print(f"held-out samples {r['samples']}, chain starts {r['positions']}")
+        print("acceptance by position: " + " ".join(f"{a:.3f}" for a in r["acceptance_by_position"]))
+        print("expected accepted (k drafts): " + " ".join(f"k={k}:{v:.2f}" for k, v in r["expected_accepted"].items()))
     return 0
 
 
@@ -81,8 +134,55 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     s.add_argument("--n-ctx", type=_positive_int, default=4096)
     s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--draft", default="none",
+                   help="none, lookup, default (the shipped head), or a head checkpoint folder")
+    s.add_argument("-k", "--k", type=int, default=4, help="draft length")
     s.add_argument("--json", action="store_true", help="print one JSON object at the end")
     s.set_defaults(func=_cmd_generate)
+
+    s = sub.add_parser("data", help="have the target write training text from prompt sources")
+    s.add_argument("--target", required=True)
+    s.add_argument("--prompts", nargs="*", default=["stdlib"],
+                   help="prompt sources: .jsonl (field 'prompt'), .txt, or 'stdlib' (default)")
+    s.add_argument("--out", required=True)
+    s.add_argument("--n-prompts", type=_positive_int, default=400)
+    s.add_argument("--prompt-tokens", type=_positive_int, default=48)
+    s.add_argument("--new-tokens", type=_positive_int, default=128)
+    s.add_argument("--sample-share", type=float, default=0.5)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+    s.set_defaults(func=_cmd_data)
+
+    s = sub.add_parser("extract", help="store the target's hidden states for the data")
+    s.add_argument("--target", required=True)
+    s.add_argument("--data", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--dtype", default="int4", help="fp16, int8 or int4 (default)")
+    s.add_argument("--group-size", type=_positive_int, default=32)
+    s.set_defaults(func=_cmd_extract)
+
+    s = sub.add_parser("train", help="train an MTP draft head on stored hidden states")
+    s.add_argument("--target", required=True)
+    s.add_argument("--features", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"])
+    s.add_argument("--steps", type=_positive_int, default=1500)
+    s.add_argument("--batch", type=_positive_int, default=8)
+    s.add_argument("--unroll", type=_positive_int, default=4, help="draft steps unrolled")
+    s.add_argument("--draft-vocab", type=_positive_int, default=8192)
+    s.add_argument("--lr", type=float, default=2e-3)
+    s.add_argument("--layer-types", default=None, help="e.g. sliding,global")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--resume", action="store_true")
+    s.set_defaults(func=_cmd_train)
+
+    s = sub.add_parser("eval-head", help="offline acceptance of a head on held-out features")
+    s.add_argument("ckpt")
+    s.add_argument("--features", required=True)
+    s.add_argument("--max-chain", type=_positive_int, default=8)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_cmd_eval_head)
     return p
 
 

@@ -159,3 +159,24 @@ def read_header(path: str | Path) -> GGUFHeader:
         return GGUFHeader(path, version, metadata, tensors, data_offset)
     finally:
         buf.close()
+
+
+class TensorRows:
+    """Row access to a 2-D GGUF tensor, memory-mapped and dequantized on demand (numpy)."""
+
+    def __init__(self, header: GGUFHeader, name: str):
+        if name not in header.tensors:
+            raise EdgespecError(f"{header.path}: no tensor {name}")
+        from gguf.quants import dequantize
+
+        self._dequantize = dequantize
+        info = header.tensors[name]
+        self.qtype = GGMLQuantizationType[info.type_name]
+        self.n_cols, self.n_rows = info.shape[0], int(np.prod(info.shape[1:]))
+        raw = np.memmap(header.path, dtype=np.uint8, mode="r", offset=info.offset,
+                        shape=(info.nbytes,))
+        self._raw = raw.reshape(self.n_rows, -1)
+
+    def __getitem__(self, rows) -> np.ndarray:
+        """rows: int array or slice -> float32 [n, n_cols]."""
+        return self._dequantize(np.asarray(self._raw[rows]), self.qtype).astype(np.float32, copy=False)

@@ -1,9 +1,9 @@
 """Draft-and-verify decoding, with target-only decoding as the zero-draft case.
 
-State between steps: the cache holds every emitted token but the newest one, `pending`, and
-`h_prev` is the target's hidden state at the position before it (the one whose logits chose it).
+State between steps: the cache holds every emitted token but the newest one, `pending`; the
+drafter gets the target's hidden states up to the position before it (whose logits chose it).
 One step:
-    drafts = drafter.propose(context, h_prev, k)          # k guesses for the tokens after pending
+    drafts = drafter.propose(context, new_hidden, k)      # k guesses for the tokens after pending
     logits = target.decode([pending] + drafts)            # one batched pass: k + 1 positions
     accept the longest prefix of drafts the target agrees with, then take one more token from
     the target at the first disagreement (or a bonus token after a full accept)
@@ -48,9 +48,14 @@ class Draft:
 
 
 class Drafter(Protocol):
-    needs_hidden: bool  # whether propose() reads the target's hidden state
+    needs_hidden: bool  # whether propose() reads the target's hidden states
 
-    def propose(self, context: list[int], hidden: np.ndarray | None, k: int) -> Draft: ...
+    def reset(self) -> None: ...
+
+    def propose(self, context: list[int], hidden: np.ndarray | None, k: int) -> Draft:
+        """Up to k tokens to follow `context` (whose last token is pending). `hidden`: the
+        target's hidden states [n, E] at the n positions before the pending token that became
+        final since the last call (None for drafters that do not read them)."""
 
 
 @dataclass
@@ -141,7 +146,7 @@ class Generation:
 
     def __init__(self, target: Target, prompt: list[int], sampling: SamplingParams,
                  max_tokens: int = 128, drafter: Drafter | None = None, policy=None,
-                 stop: list[str] | None = None):
+                 stop: list[str] | None = None, prompt_hidden: int = 32):
         if not prompt:
             raise EdgespecError("empty prompt: give some text to continue")
         if max_tokens < 1:
@@ -153,6 +158,7 @@ class Generation:
         self.max_tokens, self.drafter = max_tokens, drafter
         self.policy = policy or FixedK(4 if drafter else 0)
         self.stop = [s for s in (stop or []) if s]
+        self.prompt_hidden = prompt_hidden  # prompt positions whose hidden states the head sees
         self.stats = Stats(prompt_tokens=len(prompt))
         self.text = ""
         self.token_ids: list[int] = []
@@ -164,9 +170,17 @@ class Generation:
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         t0 = time.perf_counter()
         t.reset()
-        t.prefill(self.prompt[:-1])
+        n_h = min(len(self.prompt) - 1, self.prompt_hidden) if want_hidden else 0
+        n_plain = len(self.prompt) - 1 - n_h
+        t.prefill(self.prompt[:n_plain])
+        fresh_hidden = []  # hidden rows the drafter has not seen yet
+        if self.drafter:
+            self.drafter.reset()
+        if n_h:
+            _, h = t.decode(self.prompt[n_plain:-1], hidden=True)
+            fresh_hidden.append(h)
         st.prefill_s = time.perf_counter() - t0
-        pending, h_prev = self.prompt[-1], None
+        pending = self.prompt[-1]
         context = list(self.prompt)  # every token so far, pending included
         t_start = time.perf_counter()
         try:
@@ -177,9 +191,11 @@ class Generation:
                     return
                 k = min(self.policy.next_k(), room, self.max_tokens - st.tokens - 1)
                 draft = Draft([])
-                if self.drafter and k > 0 and (h_prev is not None or not want_hidden):
+                if self.drafter and k > 0 and (fresh_hidden or not want_hidden):
                     td = time.perf_counter()
-                    draft = self.drafter.propose(context, h_prev, k)
+                    rows = np.concatenate(fresh_hidden) if fresh_hidden else None
+                    fresh_hidden = []
+                    draft = self.drafter.propose(context, rows, k)
                     draft.tokens = draft.tokens[:k]
                     st.draft_s += time.perf_counter() - td
                 tv = time.perf_counter()
@@ -196,7 +212,8 @@ class Generation:
                 st.verify_passes += 1
                 self._count(len(draft.tokens), n_acc)
                 self.policy.update(len(draft.tokens), n_acc)
-                h_prev = hid[n_acc] if hid is not None else None
+                if hid is not None:
+                    fresh_hidden.append(hid[:n_acc + 1])
                 for tok in draft.tokens[:n_acc] + [nxt]:
                     context.append(tok)
                     piece = self._emit(tok, utf8)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.decoding import Generation, Stats
+from edgespec.runtime.decoding import FixedK, Generation, Stats
 from edgespec.runtime.llama_target import LlamaTarget
 from edgespec.runtime.sampling import SamplingParams
 
@@ -29,17 +29,38 @@ class Result:
 def generate(target: str | Path | LlamaTarget, prompt: str, max_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int | None = None, stop: list[str] | None = None, n_ctx: int = 4096,
-             n_threads: int | None = None,
+             n_threads: int | None = None, draft: str | None = None, k: int = 4,
              on_text: Callable[[str], None] | None = None) -> Result:
-    """Generate a continuation of `prompt`; `on_text` receives each text piece as it streams."""
+    """Generate a continuation of `prompt`; `on_text` receives each text piece as it streams.
+
+    draft: None/"none" (target only), "lookup" (prompt lookup), "default" (the head shipped for
+    the target), or a head checkpoint folder.
+    """
     if not prompt or not prompt.strip():
         raise EdgespecError("empty prompt: give some text with --prompt")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = target if isinstance(target, LlamaTarget) else LlamaTarget(
         target, n_ctx=n_ctx, n_threads=n_threads)
+    drafter = make_drafter(draft, engine.spec)
     ids = engine.tokenize(prompt)
-    gen = Generation(engine, ids, sampling, max_tokens=max_tokens, stop=stop)
+    gen = Generation(engine, ids, sampling, max_tokens=max_tokens, drafter=drafter,
+                     policy=FixedK(k if drafter else 0), stop=stop)
     for _, piece in gen:
         if on_text and piece:
             on_text(piece)
-    return Result(gen.text, gen.token_ids, gen.stats, "none")
+    return Result(gen.text, gen.token_ids, gen.stats, getattr(drafter, "name", "none"))
+
+
+def make_drafter(draft: str | None, spec):
+    """A drafter from its command-line name (see `generate`)."""
+    from edgespec.runtime.drafters import HeadDrafter, PromptLookup, default_head
+
+    if draft in (None, "", "none"):
+        return None
+    if draft == "lookup":
+        d = PromptLookup()
+        d.name = "lookup"
+        return d
+    if draft == "default":
+        return HeadDrafter(default_head(spec), spec)
+    return HeadDrafter(draft, spec)

@@ -38,13 +38,28 @@ def probs(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     x = np.exp(x - x.max())
     x /= x.sum()
     if p.top_p < 1.0:
-        order = np.argsort(-x)
-        cum = np.cumsum(x[order])
-        keep = order[: int(np.searchsorted(cum, p.top_p) + 1)]
-        cut = np.zeros_like(x)
-        cut[keep] = x[keep]
-        x = cut / cut.sum()
+        x = _top_p(x, p.top_p)
     return x
+
+
+def _top_p(x: np.ndarray, top_p: float) -> np.ndarray:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p; renormalise.
+
+    Sorts only the top few hundred tokens when they already hold the mass (the usual case):
+    a full argsort of a 262k vocabulary costs ~20 ms per token.
+    """
+    m = min(x.size, 512)
+    while True:
+        top = np.argpartition(-x, m - 1)[:m] if m < x.size else np.arange(x.size)
+        order = top[np.argsort(-x[top], kind="stable")]
+        cum = np.cumsum(x[order])
+        if cum[-1] >= top_p or m == x.size:
+            keep = order[: int(np.searchsorted(cum, top_p) + 1)]
+            break
+        m = min(x.size, m * 8)
+    cut = np.zeros_like(x)
+    cut[keep] = x[keep]
+    return cut / cut.sum()
 
 
 def sample(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:

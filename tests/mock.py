@@ -59,6 +59,9 @@ class NoisyOracle:
     def __init__(self, target: MockTarget, err: float = 0.3, seed: int = 1):
         self.t, self.err, self.rng = target, err, np.random.default_rng(seed)
 
+    def reset(self):
+        pass
+
     def propose(self, context, hidden, k):
         from edgespec.runtime.decoding import Draft
 
@@ -81,6 +84,9 @@ class SamplingDrafter:
         self.rng = np.random.default_rng(seed)
         self.q = self.rng.dirichlet(np.ones(vocab))
         self.ids = np.arange(vocab)
+
+    def reset(self):
+        pass
 
     def propose(self, context, hidden, k):
         from edgespec.runtime.decoding import Draft

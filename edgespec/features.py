@@ -1,0 +1,219 @@
+"""Stage 2, hidden states: run the target over the data on llama.cpp and store, per token, the
+final hidden state (after the output norm: exactly what the runtime feeds the head) and the id.
+
+    edgespec extract --target gemma3-270m --data runs/gemma/data --out runs/gemma/feat --dtype int4
+
+Storage: safetensors shards, one per `shard_samples` samples, each with `tokens` int32 [N],
+`seq` int32 [N] (sample index), and the hidden states as
+    fp16   `hidden` float16 [N, E]
+    int8   `q` int8 [N, E] + `scale` float16 [N, E/G]            (symmetric, per group of G)
+    int4   `q` uint8 [N, E/2] (two values a byte) + `scale` float16 [N, E/G]
+plus `manifest.json` (target fingerprint, dtype, group size, counts, sha256 per shard, bytes per
+token). Shards are written atomically; a killed run resumes at the next unwritten shard.
+Reading is memory-mapped and checks each shard's checksum once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.io import atomic_write, atomic_write_text, progress, read_json
+
+DTYPES = ("fp16", "int8", "int4")
+_QMAX = {"int8": 127, "int4": 7}
+
+
+# -- quantization ---------------------------------------------------------------------------
+def quantize(h: np.ndarray, dtype: str, group: int) -> dict[str, np.ndarray]:
+    """[N, E] float -> arrays to store. Symmetric per-group scales (absmax / qmax)."""
+    if dtype == "fp16":
+        return {"hidden": h.astype(np.float16)}
+    n, e = h.shape
+    if e % group:
+        raise EdgespecError(f"group size {group} does not divide the hidden width {e}")
+    g = h.astype(np.float32).reshape(n, e // group, group)
+    qmax = _QMAX[dtype]
+    scale = np.abs(g).max(axis=2, keepdims=True) / qmax
+    scale = np.where(scale == 0, 1.0, scale).astype(np.float16)
+    q = np.clip(np.rint(g / scale.astype(np.float32)), -qmax - 1, qmax).astype(np.int8).reshape(n, e)
+    if dtype == "int4":
+        u = (q + 8).astype(np.uint8)
+        q = (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
+    return {"q": q, "scale": scale.reshape(n, e // group)}
+
+
+def dequantize(arrays: dict[str, np.ndarray], dtype: str, group: int) -> np.ndarray:
+    """Inverse of `quantize`: -> float32 [N, E]."""
+    if dtype == "fp16":
+        return np.asarray(arrays["hidden"], dtype=np.float32)
+    q, scale = np.asarray(arrays["q"]), np.asarray(arrays["scale"], dtype=np.float32)
+    if dtype == "int4":
+        lo = (q & 0x0F).astype(np.int8) - 8
+        hi = (q >> 4).astype(np.int8) - 8
+        q = np.empty((q.shape[0], q.shape[1] * 2), dtype=np.int8)
+        q[:, 0::2], q[:, 1::2] = lo, hi
+    n, e = q.shape
+    return (q.reshape(n, e // group, group).astype(np.float32) * scale[:, :, None]).reshape(n, e)
+
+
+def bytes_per_token(dtype: str, n_embd: int, group: int) -> float:
+    """Stored bytes per token: hidden state + scales + token id + sample index."""
+    body = {"fp16": 2 * n_embd, "int8": n_embd, "int4": n_embd // 2}[dtype]
+    scales = 0 if dtype == "fp16" else 2 * (n_embd // group)
+    return body + scales + 8
+
+
+# -- extraction -----------------------------------------------------------------------------
+@dataclass
+class ExtractConfig:
+    dtype: str = "int4"
+    group_size: int = 32
+    shard_samples: int = 100
+    n_batch: int = 64  # tokens per decode: every one is an output (logits + hidden)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sample_hidden(engine, tokens: list[int], n_batch: int) -> np.ndarray:
+    """The target's final hidden state at every position of `tokens`: [T, E] float32."""
+    engine.reset()
+    out = []
+    for s in range(0, len(tokens), n_batch):
+        _, h = engine.decode(tokens[s:s + n_batch], hidden=True)
+        out.append(h)
+    return np.concatenate(out)
+
+
+def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None = None,
+            engine=None) -> dict:
+    from safetensors.numpy import save_file
+
+    from edgespec.data import read_data
+    from edgespec.runtime.llama_target import LlamaTarget
+
+    cfg = cfg or ExtractConfig()
+    if cfg.dtype not in DTYPES:
+        raise EdgespecError(f"unknown --dtype {cfg.dtype}; choose one of {', '.join(DTYPES)}")
+    data_manifest, samples = read_data(data)
+    max_len = max(len(s["tokens"]) for s in samples)
+    engine = engine or LlamaTarget(target, n_ctx=max_len + 16, n_batch=cfg.n_batch)
+    spec = engine.spec
+    if data_manifest["target_fingerprint"] != spec.tokenizer_fingerprint:
+        raise EdgespecError(f"{data} was made by another target (tokenizer fingerprint "
+                            f"{data_manifest['target_fingerprint']} != {spec.tokenizer_fingerprint})")
+    if cfg.dtype != "fp16" and spec.n_embd % cfg.group_size:
+        raise EdgespecError(f"--group-size {cfg.group_size} must divide n_embd={spec.n_embd}")
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EdgespecError(f"{out}: cannot create output folder ({e.strerror})") from None
+    man_path = out / "manifest.json"
+    settings = {"dtype": cfg.dtype, "group_size": cfg.group_size, "shard_samples": cfg.shard_samples}
+    manifest = read_json(man_path) if man_path.exists() else None
+    if manifest and (manifest["target_fingerprint"] != spec.tokenizer_fingerprint
+                     or {k: manifest[k] for k in settings} != settings):
+        raise EdgespecError(f"{out} holds features made with other settings or another target; "
+                            "use a new --out folder")
+    manifest = manifest or {"target": spec.name, "target_fingerprint": spec.tokenizer_fingerprint,
+                            "n_embd": spec.n_embd, "n_vocab": spec.n_vocab, **settings,
+                            "data": str(data), "shards": [], "complete": False}
+    start = sum(s["samples"] for s in manifest["shards"])
+    t0, done_now = time.perf_counter(), 0
+    bar = progress(total=sum(len(s["tokens"]) for s in samples), desc="extract", unit="tok",
+                   initial=sum(len(s["tokens"]) for s in samples[:start]))
+    for s0 in range(start, len(samples), cfg.shard_samples):
+        chunk = samples[s0:s0 + cfg.shard_samples]
+        toks, seqs, hid = [], [], []
+        for s in chunk:
+            hid.append(sample_hidden(engine, s["tokens"], cfg.n_batch))
+            toks.extend(s["tokens"])
+            seqs.extend([s["index"]] * len(s["tokens"]))
+            bar.update(len(s["tokens"]))
+            done_now += len(s["tokens"])
+        arrays = quantize(np.concatenate(hid), cfg.dtype, cfg.group_size)
+        arrays["tokens"] = np.asarray(toks, dtype=np.int32)
+        arrays["seq"] = np.asarray(seqs, dtype=np.int32)
+        name = f"features-{len(manifest['shards']):05d}.safetensors"
+        atomic_write(out / name, lambda tmp: save_file(arrays, tmp))
+        manifest["shards"].append({"file": name, "samples": len(chunk), "tokens": len(toks),
+                                   "sha256": _sha256(out / name)})
+        atomic_write_text(man_path, json.dumps(manifest, indent=1))
+    bar.close()
+    n_tok = sum(s["tokens"] for s in manifest["shards"])
+    size = sum((out / s["file"]).stat().st_size for s in manifest["shards"])
+    manifest.update(complete=True, tokens=n_tok, samples=len(samples), bytes=size,
+                    bytes_per_token=round(size / max(n_tok, 1), 2),
+                    tokens_per_s=round(done_now / max(time.perf_counter() - t0, 1e-9), 1)
+                    if done_now else manifest.get("tokens_per_s"))
+    atomic_write_text(man_path, json.dumps(manifest, indent=1))
+    return manifest
+
+
+# -- reading --------------------------------------------------------------------------------
+class Features:
+    """A memory-mapped view of a features folder: per sample, token ids and hidden states."""
+
+    def __init__(self, folder: str | Path, verify: bool = True):
+        from safetensors import safe_open
+
+        folder = Path(folder)
+        man_path = folder / "manifest.json"
+        if not man_path.exists():
+            raise EdgespecError(f"{folder}: no manifest.json; run `edgespec extract` first")
+        self.manifest = m = read_json(man_path)
+        if not m.get("complete"):
+            raise EdgespecError(f"{folder}: extraction is incomplete; run `edgespec extract` again "
+                                "to resume")
+        self.dtype, self.group = m["dtype"], m["group_size"]
+        self.fingerprint, self.n_embd = m["target_fingerprint"], m["n_embd"]
+        self.tokens: list[np.ndarray] = []  # per sample
+        self._where: list[tuple[int, int, int]] = []  # (shard, start, end) per sample
+        self._shards = []
+        for i, s in enumerate(m["shards"]):
+            path = folder / s["file"]
+            if not path.exists():
+                raise EdgespecError(f"{path}: shard missing; run `edgespec extract` again")
+            if verify and _sha256(path) != s["sha256"]:
+                raise EdgespecError(f"{path}: checksum mismatch (corrupt or truncated shard); "
+                                    "delete it and its manifest entry, then extract again")
+            try:
+                f = safe_open(str(path), framework="numpy")
+                toks, seq = f.get_tensor("tokens"), f.get_tensor("seq")
+            except Exception as e:
+                raise EdgespecError(f"{path}: unreadable shard ({e})") from None
+            self._shards.append(f)
+            bounds = np.flatnonzero(np.diff(seq)) + 1
+            for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(seq)]):
+                self.tokens.append(toks[a:b])
+                self._where.append((i, int(a), int(b)))
+        if not self.tokens:
+            raise EdgespecError(f"{folder}: no samples")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(sum(len(t) for t in self.tokens))
+
+    def hidden(self, i: int) -> np.ndarray:
+        """Hidden states of sample i: [T, E] float32 (dequantized)."""
+        shard, a, b = self._where[i]
+        f = self._shards[shard]
+        names = ["hidden"] if self.dtype == "fp16" else ["q", "scale"]
+        arrays = {n: f.get_slice(n)[a:b] for n in names}
+        return dequantize(arrays, self.dtype, self.group)

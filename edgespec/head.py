@@ -1,0 +1,225 @@
+"""The MTP draft head (torch): Gemma-style blocks over [target token embedding, hidden state].
+
+At draft step j the head reads the pair (embedding of the newest token, a hidden state): the
+target's final hidden state at step 1, its own output after that. Each pair sits at one sequence
+position and attends over the head's own KV cache of earlier positions (sliding layers see only
+the last `sliding_window` positions). Its output goes through a final norm and the frozen draft
+LM head: the target's embedding rows for the draft vocabulary (tied, as in Gemma).
+
+Training (`forward_chain`) mirrors run time exactly, EAGLE-style "training-time test": step 1 runs
+over all real pairs with causal attention; step j > 1 feeds every position its own step j-1
+output and attends to the real K/V up to its chain's start plus the chain's own earlier steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class HeadConfig:
+    n_embd: int  # the target's hidden width (inputs and outputs live in its space)
+    n_draft_vocab: int  # rows of the draft LM head
+    n_head: int = 4
+    n_head_kv: int = 1
+    head_dim: int = 64
+    n_ff: int = 1024
+    layer_types: list[str] = field(default_factory=lambda: ["sliding", "global"])
+    sliding_window: int = 512  # the target's window; bounds the head's own KV cache too
+    rope_base_local: float = 10000.0
+    rope_base_global: float = 1000000.0
+    rms_eps: float = 1e-6
+    embed_scale: float = 1.0  # target token embeddings are multiplied by this (Gemma: sqrt(d))
+    attn_scale: float | None = None  # None: 1/sqrt(head_dim)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HeadConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.layer_types)
+
+
+class RMSNorm(nn.Module):
+    """Gemma's RMSNorm: x / rms(x) * (1 + w), computed in float32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).type_as(x)
+
+
+def rope(x, pos, base: float):
+    """Rotate-half RoPE (as Gemma/llama in HF layout). x: [..., T, H, D], pos: [..., T]."""
+    d = x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+    ang = pos.float()[..., None] * inv  # [..., T, D/2]
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[..., None, :]  # [..., T, 1, D]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[..., None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Block(nn.Module):
+    def __init__(self, c: HeadConfig, layer_type: str):
+        super().__init__()
+        self.c, self.sliding = c, layer_type == "sliding"
+        self.base = c.rope_base_local if self.sliding else c.rope_base_global
+        e, hd = c.n_embd, c.head_dim
+        self.input_norm = RMSNorm(e, c.rms_eps)
+        self.q = nn.Linear(e, c.n_head * hd, bias=False)
+        self.k = nn.Linear(e, c.n_head_kv * hd, bias=False)
+        self.v = nn.Linear(e, c.n_head_kv * hd, bias=False)
+        self.o = nn.Linear(c.n_head * hd, e, bias=False)
+        self.q_norm = RMSNorm(hd, c.rms_eps)
+        self.k_norm = RMSNorm(hd, c.rms_eps)
+        self.post_attn_norm = RMSNorm(e, c.rms_eps)
+        self.pre_ffn_norm = RMSNorm(e, c.rms_eps)
+        self.gate = nn.Linear(e, c.n_ff, bias=False)
+        self.up = nn.Linear(e, c.n_ff, bias=False)
+        self.down = nn.Linear(c.n_ff, e, bias=False)
+        self.post_ffn_norm = RMSNorm(e, c.rms_eps)
+        self.scale = c.attn_scale or 1.0 / math.sqrt(hd)
+
+    def qkv(self, x, pos):
+        """x: [B, T, E], pos: [B, T] -> q [B, T, H, D], k/v [B, T, Hkv, D] (normed, rotated)."""
+        b, t, _ = x.shape
+        c = self.c
+        h = self.input_norm(x)
+        q = self.q_norm(self.q(h).view(b, t, c.n_head, c.head_dim))
+        k = self.k_norm(self.k(h).view(b, t, c.n_head_kv, c.head_dim))
+        v = self.v(h).view(b, t, c.n_head_kv, c.head_dim)
+        return rope(q, pos, self.base), rope(k, pos, self.base), v
+
+    def finish(self, x, attn):
+        """Residual around attention output [B, T, H*D], then the GeGLU FFN."""
+        x = x + self.post_attn_norm(self.o(attn))
+        h = self.pre_ffn_norm(x)
+        h = self.down(F.gelu(self.gate(h), approximate="tanh") * self.up(h))
+        return x + self.post_ffn_norm(h)
+
+    def attend(self, q, k, v, mask):
+        """q [B, Tq, H, D], k/v [B, Tk, Hkv, D], mask [B or 1, Tq, Tk] bool -> [B, Tq, H*D]."""
+        b, tq, nh, d = q.shape
+        rep = nh // k.shape[2]
+        k = k.repeat_interleave(rep, dim=2)
+        v = v.repeat_interleave(rep, dim=2)
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) * self.scale
+        s = s.masked_fill(~mask[:, None], float("-inf"))
+        p = torch.softmax(s.float(), -1).type_as(q)
+        return torch.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, tq, nh * d)
+
+
+class MTPHead(nn.Module):
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.c = c
+        e = c.n_embd
+        self.emb_norm = RMSNorm(e, c.rms_eps)
+        self.hid_norm = RMSNorm(e, c.rms_eps)
+        self.fc = nn.Linear(2 * e, e, bias=False)
+        self.blocks = nn.ModuleList(Block(c, t) for t in c.layer_types)
+        self.out_norm = RMSNorm(e, c.rms_eps)
+        # Frozen, from the target: the draft LM head (embedding rows of the draft vocabulary).
+        self.register_buffer("lm_head", torch.zeros(c.n_draft_vocab, e), persistent=True)
+
+    def trainable_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def inputs(self, tok_emb, hidden):
+        """tok_emb: target embedding rows (unscaled) [B, T, E]; hidden [B, T, E] -> [B, T, E]."""
+        a = self.emb_norm(tok_emb * self.c.embed_scale)
+        return self.fc(torch.cat([a, self.hid_norm(hidden)], -1))
+
+    def logits(self, out):
+        return out @ self.lm_head.T
+
+    def _window_mask(self, block: Block, qpos, kpos):
+        m = kpos[:, None, :] <= qpos[:, :, None]
+        if block.sliding:
+            m &= kpos[:, None, :] > qpos[:, :, None] - self.c.sliding_window
+        return m
+
+    def forward_chain(self, tok_emb, hidden, n_steps: int, valid=None):
+        """Training-time test over whole sequences.
+
+        tok_emb [B, T + n_steps - 1, E]: embeddings of x_{t+1}, x_{t+2}, ... (the token each
+        step reads); hidden [B, T, E]: target hidden states h_t. Returns per step the head's
+        output states [B, T, E] (step j at chain start t predicts token x_{t+j+1}).
+        """
+        b, t, _ = hidden.shape
+        pos = torch.arange(t, device=hidden.device).expand(b, t)
+        x = self.inputs(tok_emb[:, :t], hidden)
+        real_kv, outs = [], []
+        for blk in self.blocks:  # step 1: plain causal pass over the real pairs
+            q, k, v = blk.qkv(x, pos)
+            real_kv.append((k, v))
+            mask = self._window_mask(blk, pos, pos)
+            if valid is not None:  # padding keys are hidden; self stays visible (no empty row)
+                mask = (mask & valid[:, None, :]) | torch.eye(t, dtype=torch.bool)
+            x = blk.finish(x, blk.attend(q, k, v, mask))
+        out = self.out_norm(x)
+        outs.append(out)
+        chain_kv = [[] for _ in self.blocks]  # per layer, per earlier step: (k, v) [B, T, Hkv, D]
+        for j in range(1, n_steps):
+            x = self.inputs(tok_emb[:, j:j + t], out)
+            qpos = pos + j
+            for li, blk in enumerate(self.blocks):
+                q, k, v = blk.qkv(x, qpos)
+                chain_kv[li].append((k, v))
+                rk, rv = real_kv[li]
+                # real keys: positions <= chain start t (and inside the window for sliding)
+                mask = self._window_mask(blk, qpos, pos) & (pos[:, None, :] <= pos[:, :, None])
+                if valid is not None:
+                    mask = mask & valid[:, None, :]
+                attn = self._attend_chain(blk, q, rk, rv, mask, chain_kv[li])
+                x = blk.finish(x, attn)
+            out = self.out_norm(x)
+            outs.append(out)
+        return outs
+
+    def _attend_chain(self, blk: Block, q, rk, rv, mask, chain):
+        """Attention of step-j queries over real keys (masked) and the chain's own steps."""
+        b, t, nh, d = q.shape
+        rep = nh // rk.shape[2]
+        rk, rv = rk.repeat_interleave(rep, 2), rv.repeat_interleave(rep, 2)
+        s_real = torch.einsum("bqhd,bkhd->bhqk", q, rk) * blk.scale
+        s_real = s_real.masked_fill(~mask[:, None], float("-inf"))
+        ck = torch.stack([k.repeat_interleave(rep, 2) for k, _ in chain], -2)  # [B, T, H, J, D]
+        cv = torch.stack([v.repeat_interleave(rep, 2) for _, v in chain], -2)
+        s_diag = torch.einsum("bqhd,bqhjd->bhqj", q, ck) * blk.scale
+        p = torch.softmax(torch.cat([s_real, s_diag], -1).float(), -1).type_as(q)
+        n_real = s_real.shape[-1]
+        o = torch.einsum("bhqk,bkhd->bqhd", p[..., :n_real], rv)
+        o = o + torch.einsum("bhqj,bqhjd->bqhd", p[..., n_real:], cv)
+        return o.reshape(b, t, nh * d)
+
+    def step(self, tok_emb, hidden, cache: list, pos: int):
+        """Run time: one new pair at position `pos` against `cache` (list of (k, v) per layer,
+        [1, S, Hkv, D] with positions pos - S .. pos - 1). Returns (out [1, 1, E], new cache)."""
+        x = self.inputs(tok_emb.view(1, 1, -1), hidden.view(1, 1, -1))
+        p = torch.tensor([[pos]])
+        new = []
+        for blk, (ck, cv) in zip(self.blocks, cache):
+            q, k, v = blk.qkv(x, p)
+            k, v = torch.cat([ck, k], 1), torch.cat([cv, v], 1)
+            kpos = torch.arange(pos - k.shape[1] + 1, pos + 1)[None]
+            mask = self._window_mask(blk, p, kpos)
+            x = blk.finish(x, blk.attend(q, k, v, mask))
+            new.append((k, v))
+        return self.out_norm(x), new

@@ -1,0 +1,53 @@
+"""Small file helpers: atomic writes, JSON reading with clear errors, a progress bar."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from edgespec.errors import EdgespecError
+
+
+def atomic_write(path: str | Path, write) -> None:
+    """Write via a temp file in the same folder, then rename: readers never see half a file.
+
+    `write` receives the temp path. An error (disk full, permissions) leaves `path` untouched.
+    """
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as e:
+        raise EdgespecError(f"{path.parent}: cannot write here ({e.strerror})") from None
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise EdgespecError(f"{path}: write failed ({e.strerror})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def read_json(path: str | Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EdgespecError(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EdgespecError(f"{path}: not valid JSON ({e})") from None
+
+
+def progress(total: int, desc: str, unit: str = "it", initial: int = 0):
+    """A tqdm bar on stderr (tqdm comes with llama-cpp-python's dependencies)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr,
+                dynamic_ncols=True, disable=os.environ.get("EDGESPEC_NO_PROGRESS") == "1")

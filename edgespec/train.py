@@ -1,0 +1,371 @@
+"""Stage 3-4, the draft vocabulary and training: `MTPHead` on stored (or online) hidden states.
+
+    edgespec train --target gemma3-270m --features runs/gemma/feat --out runs/gemma/head \
+        [--optimizer adamw|muon] [--steps N] [--resume]
+
+Loss: forward KL from the target's distribution to the head's, over the draft vocabulary, at
+every unrolled draft step (weights decay^(j-1)); the target's logits are recomputed from the
+stored hidden states and the frozen draft LM head rows (Gemma ties LM head and embeddings).
+Samples whose index hashes to the eval split are held out for `eval-head`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from edgespec.errors import EdgespecError
+from edgespec.features import Features
+from edgespec.gguf_meta import TensorRows, read_header
+from edgespec.head import HeadConfig, MTPHead
+from edgespec.io import atomic_write, atomic_write_text, progress, read_json
+from edgespec.targets import TargetSpec, load_target_spec
+
+EVAL_EVERY = 20  # every 20th sample (by index) is held out
+
+
+def is_eval(index: int) -> bool:
+    return index % EVAL_EVERY == 0
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1500  # optimizer steps
+    batch: int = 8  # sequences per step
+    seq_len: int = 160  # positions per sequence window
+    n_steps: int = 4  # draft steps unrolled (training-time test)
+    step_decay: float = 0.8  # loss weight of step j is decay^(j-1)
+    optimizer: str = "adamw"  # or "muon" (2-D weights; AdamW for the rest)
+    lr: float = 2e-3
+    muon_lr: float = 0.02
+    weight_decay: float = 0.01
+    warmup: int = 100
+    clip: float = 1.0
+    ce_weight: float = 0.0  # optional cross-entropy on the data token
+    draft_vocab: int = 8192
+    seed: int = 0
+    save_every: int = 250
+    threads: int = 0  # 0: torch's default
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# -- draft vocabulary -------------------------------------------------------------------------
+def build_draft_vocab(token_arrays, n: int, n_vocab: int, always: list[int] = ()) -> dict:
+    """The n most frequent target tokens (plus `always`, e.g. EOS), sorted by target id.
+
+    Returns {"ids": target ids, "d2t": offsets (target = draft + d2t[draft]), "coverage"}.
+    """
+    counts = np.zeros(n_vocab, dtype=np.int64)
+    for t in token_arrays:
+        np.add.at(counts, np.asarray(t, dtype=np.int64), 1)
+    if counts.sum() == 0:
+        raise EdgespecError("no tokens to build a draft vocabulary from")
+    forced = np.asarray(sorted(set(int(a) for a in always if a is not None and 0 <= a < n_vocab)),
+                        dtype=np.int64)
+    order = np.argsort(-counts, kind="stable")
+    order = order[~np.isin(order, forced)][: max(0, n - len(forced))]
+    ids = np.sort(np.concatenate([forced, order]))
+    coverage = float(counts[ids].sum() / counts.sum())
+    return {"ids": ids.astype(np.int64), "d2t": (ids - np.arange(len(ids))).astype(np.int64),
+            "coverage": coverage}
+
+
+# -- batches ----------------------------------------------------------------------------------
+class Batcher:
+    """Random windows of (tokens, hidden) from training samples, as padded torch tensors."""
+
+    def __init__(self, feats: Features, indices: list[int], cfg: TrainConfig, embed: TensorRows,
+                 seed: int):
+        self.f, self.idx, self.cfg, self.embed = feats, indices, cfg, embed
+        self.rng = np.random.default_rng(seed)
+
+    def window(self, i: int, length: int, start: int | None = None):
+        toks = self.f.tokens[i]
+        hid = self.f.hidden(i)
+        if start is None:
+            start = int(self.rng.integers(0, max(1, len(toks) - length + 1)))
+        return toks[start:start + length], hid[start:start + length]
+
+    def batch(self, samples: list[int] | None = None, starts: list[int] | None = None):
+        c = self.cfg
+        length = c.seq_len + c.n_steps  # positions that carry a hidden state or a token
+        if samples is None:
+            samples = list(self.rng.choice(self.idx, size=c.batch))
+        toks = np.zeros((len(samples), length), dtype=np.int64)
+        hid = np.zeros((len(samples), length, self.f.n_embd), dtype=np.float32)
+        valid = np.zeros((len(samples), length), dtype=bool)
+        for b, i in enumerate(samples):
+            t, h = self.window(i, length, None if starts is None else starts[b])
+            toks[b, :len(t)], hid[b, :len(t)], valid[b, :len(t)] = t, h, True
+        uniq, inv = np.unique(toks, return_inverse=True)
+        emb = self.embed[uniq][inv.reshape(toks.shape)]
+        return (torch.from_numpy(toks), torch.from_numpy(hid), torch.from_numpy(valid),
+                torch.from_numpy(emb))
+
+
+def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d=None):
+    """Weighted KL over unrolled steps; returns (loss, per-step top-1 agreement with target)."""
+    n, T = cfg.n_steps, hid.shape[1] - cfg.n_steps
+    outs = head.forward_chain(emb[:, 1:], hid[:, :T], n, valid=valid[:, :T])
+    total, accs = 0.0, []
+    wsum = sum(cfg.step_decay ** j for j in range(n))
+    for j, out in enumerate(outs):  # step j+1 at chain start t predicts x_{t+j+2}
+        with torch.no_grad():
+            p_logits = head.logits(hid[:, j + 1:j + 1 + T])
+            p = torch.softmax(p_logits.float(), -1)
+        q_log = torch.log_softmax(head.logits(out).float(), -1)
+        m = (valid[:, j + 1:j + 1 + T] & valid[:, :T]).float()
+        kl = (p * (torch.log(p.clamp_min(1e-12)) - q_log)).sum(-1)
+        loss_j = (kl * m).sum() / m.sum().clamp_min(1)
+        if cfg.ce_weight and t2d is not None:
+            tgt = t2d[toks[:, j + 2:j + 2 + T]]
+            mm = m[:, :tgt.shape[1]] * (tgt >= 0).float()
+            ce = F.cross_entropy(q_log[:, :tgt.shape[1]].transpose(1, 2), tgt.clamp_min(0),
+                                 reduction="none")
+            loss_j = loss_j + cfg.ce_weight * (ce * mm).sum() / mm.sum().clamp_min(1)
+        total = total + (cfg.step_decay ** j) * loss_j / wsum
+        with torch.no_grad():
+            agree = (q_log.argmax(-1) == p_logits.argmax(-1)).float()
+            accs.append(float((agree * m).sum() / m.sum().clamp_min(1)))
+    return total, accs
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+def save_checkpoint(folder: Path, head: MTPHead, meta: dict) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+    state["draft_ids"] = torch.as_tensor(meta["draft_vocab"]["ids"])
+    atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, tmp))
+    cfg = dict(meta)
+    cfg["draft_vocab"] = {k: v for k, v in meta["draft_vocab"].items() if k not in ("ids", "d2t")}
+    cfg["head"] = head.c.to_dict()
+    atomic_write_text(folder / "config.json", json.dumps(cfg, indent=1))
+
+
+def load_checkpoint(folder: str | Path) -> tuple[MTPHead, dict]:
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    for name in ("config.json", "model.safetensors"):
+        if not (folder / name).exists():
+            raise EdgespecError(f"{folder}: not a head checkpoint (missing {name})")
+    meta = read_json(folder / "config.json")
+    try:
+        state = load_file(str(folder / "model.safetensors"))
+    except Exception as e:
+        raise EdgespecError(f"{folder / 'model.safetensors'}: unreadable ({e})") from None
+    head = MTPHead(HeadConfig.from_dict(meta["head"]))
+    ids = state.pop("draft_ids")
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise EdgespecError(f"{folder}: checkpoint does not match its config "
+                            f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    meta["draft_vocab"]["ids"] = ids.numpy()
+    head.eval()
+    return head, meta
+
+
+def head_config_for(spec: TargetSpec, n_draft_vocab: int, **overrides) -> HeadConfig:
+    """Default head for a target: its width, window, RoPE bases and norm epsilon."""
+    c = HeadConfig(n_embd=spec.n_embd, n_draft_vocab=n_draft_vocab,
+                   sliding_window=spec.sliding_window or 4096,
+                   rope_base_local=spec.rope_base_local or spec.rope_base_global,
+                   rope_base_global=spec.rope_base_global, rms_eps=spec.rms_eps,
+                   embed_scale=spec.embed_scale)
+    if not spec.sliding_window:
+        c.layer_types = ["global"] * c.n_layer
+    for k, v in overrides.items():
+        setattr(c, k, v)
+    return c
+
+
+# -- training ---------------------------------------------------------------------------------
+def _optimizers(head: MTPHead, cfg: TrainConfig):
+    params = [p for p in head.parameters() if p.requires_grad]
+    if cfg.optimizer == "adamw":
+        return [torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                  betas=(0.9, 0.95))]
+    if cfg.optimizer == "muon":
+        mats = [p for p in params if p.ndim == 2]
+        rest = [p for p in params if p.ndim != 2]
+        return [torch.optim.Muon(mats, lr=cfg.muon_lr, weight_decay=cfg.weight_decay,
+                                 adjust_lr_fn="match_rms_adamw"),
+                torch.optim.AdamW(rest, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))]
+    raise EdgespecError(f"unknown optimizer {cfg.optimizer}; choose adamw or muon")
+
+
+def _lr_factor(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return (step + 1) / cfg.warmup
+    prog = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))
+
+
+def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None = None,
+          resume: bool = False, head_overrides: dict | None = None, log=print) -> dict:
+    cfg = cfg or TrainConfig()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    spec = load_target_spec(target)
+    feats = Features(features)
+    if feats.fingerprint != spec.tokenizer_fingerprint:
+        raise EdgespecError(f"{features} holds features of another target (fingerprint "
+                            f"{feats.fingerprint} != {spec.tokenizer_fingerprint})")
+    seq_index = [int(s) for s in _sample_indices(feats)]
+    train_idx = [i for i, s in enumerate(seq_index) if not is_eval(s)]
+    if len(train_idx) < 2 or feats.n_tokens < 200:
+        raise EdgespecError(f"{features}: too little data ({len(feats)} samples, "
+                            f"{feats.n_tokens} tokens); make more with `edgespec data`")
+    out = Path(out)
+    state_path = out / "train_state.pt"
+    embed = TensorRows(read_header(spec.path), "token_embd.weight")
+    if resume and state_path.exists():
+        head, meta = load_checkpoint(out)
+        if meta["target_fingerprint"] != spec.tokenizer_fingerprint:
+            raise EdgespecError(f"{out} is a head for another target")
+        state = torch.load(state_path, weights_only=False)
+        start, cfg = state["step"], TrainConfig.from_dict(state["config"])
+        vocab = {"ids": meta["draft_vocab"]["ids"], "coverage": meta["draft_vocab"]["coverage"]}
+    else:
+        if out.exists() and (out / "config.json").exists() and not resume:
+            raise EdgespecError(f"{out} already holds a checkpoint; pass --resume or a new --out")
+        vocab = build_draft_vocab([feats.tokens[i] for i in train_idx], cfg.draft_vocab,
+                                  spec.n_vocab, always=[spec.eos_id])
+        head = MTPHead(head_config_for(spec, len(vocab["ids"]), **(head_overrides or {})))
+        head.lm_head.copy_(torch.from_numpy(embed[vocab["ids"]]))
+        start, state = 0, None
+        meta = {}
+    head.lm_head.requires_grad_(False)
+    t2d = torch.full((spec.n_vocab,), -1, dtype=torch.long)
+    t2d[torch.as_tensor(vocab["ids"])] = torch.arange(len(vocab["ids"]))
+    opts = _optimizers(head, cfg)
+    if state is not None:
+        for o, s in zip(opts, state["optimizers"]):
+            o.load_state_dict(s)
+    base_lrs = [[g["lr"] for g in o.param_groups] for o in opts]
+    if state is not None:
+        base_lrs = state["base_lrs"]
+    batcher = Batcher(feats, train_idx, cfg, embed, seed=cfg.seed + start)
+    meta.update({
+        "format": "edgespec-head", "version": 1, "target": spec.name,
+        "target_fingerprint": spec.tokenizer_fingerprint, "target_arch": spec.arch,
+        "draft_vocab": {"ids": vocab["ids"], "size": int(len(vocab["ids"])),
+                        "coverage": round(float(vocab["coverage"]), 4)},
+        "train": {**asdict(cfg), "features": str(features), "features_dtype": feats.dtype,
+                  "train_samples": len(train_idx), "train_tokens": int(sum(len(feats.tokens[i]) for i in train_idx)),
+                  "trainable_parameters": head.trainable_parameters()},
+    })
+    log(f"head: {head.trainable_parameters() / 1e6:.2f}M trainable parameters, draft vocab "
+        f"{len(vocab['ids'])} (covers {vocab['coverage']:.1%} of training tokens), "
+        f"{len(train_idx)} training samples, {cfg.optimizer}")
+    head.train()
+    bar = progress(total=cfg.steps, initial=start, desc="train", unit="step")
+    t0, hist = time.time(), (state or {}).get("history", [])
+    for step in range(start, cfg.steps):
+        for o, lrs in zip(opts, base_lrs):
+            for g, lr in zip(o.param_groups, lrs):
+                g["lr"] = lr * _lr_factor(step, cfg)
+        loss, accs = chain_loss(head, *batcher.batch(), cfg, t2d)
+        for o in opts:
+            o.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.clip)
+        for o in opts:
+            o.step()
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc1=f"{accs[0]:.2f}")
+        if step % 50 == 0 or step == cfg.steps - 1:
+            hist.append({"step": step, "loss": round(loss.item(), 4),
+                         "agree": [round(a, 3) for a in accs]})
+        if (step + 1) % cfg.save_every == 0 or step == cfg.steps - 1:
+            meta["train"]["steps_done"] = step + 1
+            meta["train"]["seconds"] = round(time.time() - t0 + (state or {}).get("seconds", 0), 1)
+            meta["train"]["history"] = hist
+            save_checkpoint(out, head, meta)
+            st = {"step": step + 1, "config": asdict(cfg), "base_lrs": base_lrs,
+                  "optimizers": [o.state_dict() for o in opts], "history": hist,
+                  "seconds": meta["train"]["seconds"]}
+            atomic_write(state_path, lambda tmp: torch.save(st, tmp))
+    bar.close()
+    head.eval()
+    return meta
+
+
+def _sample_indices(feats: Features) -> list[int]:
+    """The data-sample index of each feature sample (kept in the shards' `seq`)."""
+    out = []
+    for shard, a, _ in feats._where:
+        out.append(int(feats._shards[shard].get_slice("seq")[a:a + 1][0]))
+    return out
+
+
+# -- offline evaluation -------------------------------------------------------------------------
+@torch.no_grad()
+def eval_head(ckpt: str | Path, features: str | Path, max_chain: int = 8,
+              max_samples: int = 200) -> dict:
+    """Offline acceptance on held-out samples: for every chain start t, draft greedily for up
+    to `max_chain` steps and compare with the target's argmax over the full vocabulary.
+
+    Reports per-position acceptance (conditional on all earlier drafts accepted) and the
+    expected accepted length of chains of 1..max_chain drafts.
+    """
+    head, meta = load_checkpoint(ckpt)
+    feats = Features(features)
+    if feats.fingerprint != meta["target_fingerprint"]:
+        raise EdgespecError(f"{features} holds features of another target than the head's")
+    seq_index = _sample_indices(feats)
+    idx = [i for i, s in enumerate(seq_index) if is_eval(s)][:max_samples]
+    if not idx:
+        raise EdgespecError(f"{features}: no held-out samples (every {EVAL_EVERY}th sample)")
+    embed = _embed_for(meta)
+    full = torch.from_numpy(embed[0:embed.n_rows])  # the target's LM head (tied), [V, E]
+    ids = torch.as_tensor(meta["draft_vocab"]["ids"])
+    ok_runs = []  # per chain start: number of leading steps accepted (0..max_chain)
+    for i in idx:
+        toks = torch.as_tensor(feats.tokens[i].astype(np.int64))
+        hid = torch.from_numpy(feats.hidden(i))
+        T = len(toks) - max_chain - 1
+        if T < 1:
+            continue
+        target_next = (hid @ full.T).argmax(-1)  # the target's greedy token after each position
+        emb = torch.from_numpy(embed[toks.numpy()])[None]
+        outs = head.forward_chain(emb[:, 1:], hid[None, :T], max_chain)
+        ok = torch.ones(T, dtype=torch.bool)
+        run = torch.zeros(T, dtype=torch.long)
+        for j, out in enumerate(outs):
+            draft = ids[head.logits(out[0]).argmax(-1)]
+            truth = target_next[j + 1:j + 1 + T]
+            # a chain goes on only while the draft is the target's choice and the text read
+            # next (the data token) is that same choice, as it would be at run time
+            ok &= (draft == truth) & (toks[j + 2:j + 2 + T] == truth)
+            run += ok.long()
+        ok_runs.append(run)
+    runs = torch.cat(ok_runs).float()
+    per_pos = [float(((runs >= j + 1).sum() / (runs >= j).sum().clamp_min(1))) for j in range(max_chain)]
+    expected = [float(runs.clamp(max=k).mean()) for k in range(1, max_chain + 1)]
+    return {"samples": len(ok_runs), "positions": int(runs.numel()),
+            "acceptance_by_position": [round(x, 4) for x in per_pos],
+            "expected_accepted": {str(k): round(v, 4) for k, v in zip(range(1, max_chain + 1), expected)},
+            "draft_vocab": meta["draft_vocab"]["size"], "features_dtype": feats.dtype}
+
+
+def _embed_for(meta: dict) -> TensorRows:
+    spec = load_target_spec(meta["target"])
+    if spec.tokenizer_fingerprint != meta["target_fingerprint"]:
+        raise EdgespecError(f"target {meta['target']} does not match the head's fingerprint")
+    return TensorRows(read_header(spec.path), "token_embd.weight")

@@ -1,0 +1,208 @@
+"""Drafters for the decode loop: the trained MTP head (numpy) and training-free prompt lookup.
+
+A drafter gets, at each step, the whole context (its last token is the pending one, not yet in
+the target's cache) and the target's hidden states for positions that became final since the
+last call, and proposes up to k tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.gguf_meta import TensorRows, read_header
+from edgespec.runtime.decoding import Draft
+
+
+HEADS_DIR = Path(__file__).resolve().parent / "heads"
+
+
+def default_head(spec) -> Path:
+    """The head shipped for this target (matched by tokenizer fingerprint and architecture)."""
+    if HEADS_DIR.is_dir():
+        for d in sorted(HEADS_DIR.iterdir()):
+            cfg = d / "config.json"
+            if cfg.exists():
+                meta = json.loads(cfg.read_text())
+                if meta.get("target_fingerprint") == spec.tokenizer_fingerprint:
+                    return d
+    raise EdgespecError(f"no default head ships for target {spec.name}; train one with "
+                        "`edgespec train` and pass its folder to --draft")
+
+
+class PromptLookup:
+    """N-gram lookup in the context (as llama.cpp's lookup decoding): find the latest earlier
+    occurrence of the context's last n tokens (n from max_ngram down to min_ngram) and propose
+    the tokens that followed it."""
+
+    needs_hidden = False
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, context: list[int], hidden, k: int) -> Draft:
+        n_ctx = len(context)
+        arr = np.asarray(context)
+        for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
+            tail = arr[n_ctx - n:]
+            # candidate starts s with arr[s:s+n] == tail, s + n < n_ctx (something follows)
+            win = np.lib.stride_tricks.sliding_window_view(arr[:n_ctx - 1], n)
+            hits = np.flatnonzero((win == tail).all(1))
+            if len(hits):
+                s = int(hits[-1]) + n
+                return Draft([int(x) for x in arr[s:s + k]])
+        return Draft([])
+
+
+def _rms(x, w, eps):
+    x = x.astype(np.float32, copy=False)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * (1.0 + w)
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+
+
+def _rope(x, pos, base):
+    """x [T, H, D], pos [T] -> rotate-half RoPE."""
+    d = x.shape[-1]
+    inv = 1.0 / base ** (np.arange(0, d, 2, dtype=np.float32) / d)
+    ang = pos[:, None].astype(np.float32) * inv
+    cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
+    sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + np.concatenate([-x2, x1], -1) * sin
+
+
+class NumpyHead:
+    """The MTP head's forward pass in numpy, with its own KV cache of real (target) pairs."""
+
+    def __init__(self, config: dict, weights: dict[str, np.ndarray]):
+        c = self.c = config
+        self.w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
+        self.n_layer = len(c["layer_types"])
+        self.scale = c.get("attn_scale") or 1.0 / np.sqrt(c["head_dim"])
+        # pre-transposed matrices: x @ W.T is the torch Linear
+        self.t = {k: np.ascontiguousarray(v.T) for k, v in self.w.items() if v.ndim == 2}
+        self.reset()
+
+    def reset(self) -> None:
+        self.k = [np.zeros((0, self.c["n_head_kv"], self.c["head_dim"]), np.float32)
+                  for _ in range(self.n_layer)]
+        self.v = [x.copy() for x in self.k]
+        self.n = 0  # real pairs in the cache (positions 0..n-1)
+
+    def _block(self, i, x, pos, ck, cv):
+        """x [T, E] at positions pos; attends cache ck/cv (positions before pos[0]) + itself."""
+        c, w, t = self.c, self.w, self.t
+        p = f"blocks.{i}."
+        hd, nh, nkv = c["head_dim"], c["n_head"], c["n_head_kv"]
+        sliding = c["layer_types"][i] == "sliding"
+        base = c["rope_base_local"] if sliding else c["rope_base_global"]
+        h = _rms(x, w[p + "input_norm.weight"], c["rms_eps"])
+        q = _rms((h @ t[p + "q.weight"]).reshape(-1, nh, hd), w[p + "q_norm.weight"], c["rms_eps"])
+        k = _rms((h @ t[p + "k.weight"]).reshape(-1, nkv, hd), w[p + "k_norm.weight"], c["rms_eps"])
+        v = (h @ t[p + "v.weight"]).reshape(-1, nkv, hd)
+        q, k = _rope(q, pos, base), _rope(k, pos, base)
+        K, V = np.concatenate([ck, k]), np.concatenate([cv, v])
+        kpos = np.arange(pos[-1] - len(K) + 1, pos[-1] + 1)
+        mask = kpos[None, :] <= pos[:, None]
+        if sliding:
+            mask &= kpos[None, :] > pos[:, None] - c["sliding_window"]
+        rep = nh // nkv
+        qg = q.reshape(-1, nkv, rep, hd)  # group query heads by their KV head
+        s = np.einsum("tgrd,sgd->grts", qg, K) * self.scale
+        s = np.where(mask[None, None], s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        a = np.einsum("grts,sgd->tgrd", s, V).reshape(-1, nh * hd)
+        x = x + _rms(a @ t[p + "o.weight"], w[p + "post_attn_norm.weight"], c["rms_eps"])
+        h = _rms(x, w[p + "pre_ffn_norm.weight"], c["rms_eps"])
+        f = (_gelu_tanh(h @ t[p + "gate.weight"]) * (h @ t[p + "up.weight"])) @ t[p + "down.weight"]
+        return x + _rms(f, w[p + "post_ffn_norm.weight"], c["rms_eps"]), k, v
+
+    def forward(self, tok_emb, hidden, pos0, commit: bool, cache=None):
+        """Pairs [T, E] x 2 at positions pos0.. -> outputs [T, E]; commit appends K/V."""
+        c, w = self.c, self.w
+        a = _rms(tok_emb * c["embed_scale"], w["emb_norm.weight"], c["rms_eps"])
+        x = np.concatenate([a, _rms(hidden, w["hid_norm.weight"], c["rms_eps"])], -1) @ self.t["fc.weight"]
+        pos = np.arange(pos0, pos0 + len(x))
+        ks = cache[0] if cache else self.k
+        vs = cache[1] if cache else self.v
+        new_k, new_v = [], []
+        for i in range(self.n_layer):
+            x, k, v = self._block(i, x, pos, ks[i], vs[i])
+            new_k.append(np.concatenate([ks[i], k]))
+            new_v.append(np.concatenate([vs[i], v]))
+        if commit:
+            keep = self.c["sliding_window"] + 64  # the window bounds every cache needed
+            limit = [keep if t == "sliding" else None for t in c["layer_types"]]
+            self.k = [k[-lim:] if lim else k for k, lim in zip(new_k, limit)]
+            self.v = [v[-lim:] if lim else v for v, lim in zip(new_v, limit)]
+            self.n = pos0 + len(x)
+        return _rms(x, w["out_norm.weight"], c["rms_eps"]), (new_k, new_v)
+
+    def logits(self, out):
+        return out @ self.t["lm_head"]
+
+
+class HeadDrafter:
+    """Drafts with a trained MTP head next to its target: greedy chain, confidence stop."""
+
+    needs_hidden = True
+
+    def __init__(self, ckpt: str | Path, target_spec, p_min: float = 0.0):
+        from safetensors.numpy import load_file
+
+        ckpt = Path(ckpt)
+        for name in ("config.json", "model.safetensors"):
+            if not (ckpt / name).exists():
+                raise EdgespecError(f"{ckpt}: not a head checkpoint (missing {name})")
+        meta = json.loads((ckpt / "config.json").read_text())
+        if meta.get("target_fingerprint") != target_spec.tokenizer_fingerprint:
+            raise EdgespecError(f"head {ckpt} was trained for target '{meta.get('target')}' "
+                                f"(fingerprint {meta.get('target_fingerprint')}), not for "
+                                f"{target_spec.name} ({target_spec.tokenizer_fingerprint})")
+        w = load_file(str(ckpt / "model.safetensors"))
+        self.ids = w.pop("draft_ids").astype(np.int64)
+        self.head = NumpyHead(meta["head"], w)
+        self.embed = TensorRows(read_header(target_spec.path), "token_embd.weight")
+        self.p_min = p_min
+        self.meta = meta
+        self.name = str(ckpt)
+
+    def reset(self) -> None:
+        self.head.reset()
+
+    def propose(self, context: list[int], hidden: np.ndarray | None, k: int) -> Draft:
+        """`hidden`: target hidden states [n, E] for the n positions before the pending token
+        that the head has not seen yet (pair: hidden at m, token at m + 1)."""
+        h = self.head
+        n_ctx = len(context)
+        if hidden is None or not len(hidden):
+            return Draft([])
+        pos0 = n_ctx - 1 - len(hidden)
+        if pos0 != h.n:  # a new prompt, or rows were skipped: restart the cache at these rows
+            h.reset()
+        out, _ = h.forward(self.embed[np.asarray(context[pos0 + 1:n_ctx])], hidden, pos0,
+                           commit=True)
+        drafts, cache = [], (h.k, h.v)
+        for j in range(k):
+            lg = h.logits(out[-1])
+            best = int(np.argmax(lg))
+            if self.p_min > 0:
+                z = np.exp(lg - lg[best])
+                if 1.0 / z.sum() < self.p_min and j > 0:
+                    break
+            tok = int(self.ids[best])
+            drafts.append(tok)
+            if j + 1 < k:
+                out, cache = h.forward(self.embed[np.array([tok])], out[-1:], n_ctx - 1 + j,
+                                       commit=False, cache=cache)
+        return Draft(drafts)

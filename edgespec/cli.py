@@ -97,6 +97,89 @@ def _cmd_eval_head(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    from edgespec import bench as b
+
+    prompts = b.read_prompts(args.prompts or b.DEFAULT_PROMPTS)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    methods = b.parse_methods(args.methods, args.draft or ["default"], args.k)
+    for m in methods:
+        if m.kind == "edgespec":
+            m.policy = args.policy
+    device = None
+    threads = args.threads
+    if args.device:
+        from edgespec.devices import apply_profile
+
+        device, threads = apply_profile(args.device, threads)
+    report = b.bench(args.target, prompts, methods, max_new_tokens=args.max_new_tokens,
+                     threads=threads, temperature=args.temperature, seed=args.seed,
+                     device=device)
+    print(b.format_table(report))
+    if args.json:
+        b.write_report(report, args.json)
+        print(f"report written to {args.json}", file=sys.stderr)
+    if args.plot:
+        b.plot(report, args.plot)
+    return 0
+
+
+def _cmd_devices(args) -> int:
+    from edgespec.devices import load_profiles
+
+    profiles = load_profiles()
+    if args.json:
+        print(json.dumps(profiles, indent=1))
+        return 0
+    for p in profiles.values():
+        c = p["cores"]
+        print(f"{p['name']:20s} {c['big']}+{c['mid']}+{c['little']} cores, {p['threads']} threads, "
+              f"{p['ram_gb']} GB x {p['app_memory_share']:.0%}, {p['memory_bandwidth_gbs']} GB/s, "
+              f"{p['onnx_execution_provider']}  ({p['title']})")
+    return 0
+
+
+def _cmd_plan(args) -> int:
+    from pathlib import Path
+
+    from edgespec.devices import plan
+    from edgespec.targets import load_target_spec
+
+    spec = load_target_spec(args.target)
+    head_bytes = 0
+    if args.draft:
+        from edgespec.runtime.drafters import default_head
+
+        folder = default_head(spec) if args.draft == "default" else Path(args.draft)
+        head_bytes = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
+    mean_acc = args.mean_accepted
+    if args.bench:
+        from edgespec.io import read_json
+
+        rep = read_json(args.bench)
+        mean_acc = max(m["mean_accepted"] for n, m in rep["methods"].items() if n.startswith("edgespec"))
+    kv_row = 2 * spec.n_head_kv * spec.head_dim * 2  # K and V, f16
+    n_glob = spec.layer_types.count("global")
+    n_slid = spec.n_layer - n_glob
+    win = spec.sliding_window or args.context
+    kv_per_token = (kv_row * (n_glob * args.context + n_slid * min(win, args.context))) // args.context
+    r = plan(args.device, spec.file_size, head_bytes, kv_per_token, args.context, mean_acc, args.k)
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    m = r["memory_mb"]
+    print(f"{r['title']}: target {m['target']} MB + head {m['head']} MB + KV {m['kv_cache']} MB "
+          f"(context {r['context']}) = {m['total']} MB of a {m['budget']} MB budget: "
+          f"{'fits' if r['fits'] else 'DOES NOT FIT'}")
+    line = f"bandwidth-bound decode: target-only ~{r['target_only_tokens_per_s']} tok/s"
+    if "speculative_tokens_per_s" in r:
+        line += (f", speculative ~{r['speculative_tokens_per_s']} tok/s ({r['speedup']:.2f}x at "
+                 f"{r['mean_accepted']:.2f} tokens per pass, k={r['draft_len']})")
+    print(line + f"  [estimate: {r['bandwidth_efficiency']:.0%} of theoretical bandwidth]")
+    return 0
+
+
 def _positive_int(v: str) -> int:
     try:
         n = int(v)
@@ -139,6 +222,39 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-k", "--k", type=int, default=4, help="draft length")
     s.add_argument("--json", action="store_true", help="print one JSON object at the end")
     s.set_defaults(func=_cmd_generate)
+
+    s = sub.add_parser("bench", help="tokens/s and acceptance: target-only vs lookup vs heads")
+    s.add_argument("--target", required=True)
+    s.add_argument("--draft", action="append", default=None,
+                   help="head folder or 'default' (repeat to compare heads)")
+    s.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: shipped set)")
+    s.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    s.add_argument("--methods", default="target,lookup,edgespec")
+    s.add_argument("--policy", default="fixed", help="draft length policy: fixed, confidence, cost")
+    s.add_argument("-k", "--k", type=_positive_int, default=4, help="(maximum) draft length")
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--limit", type=_positive_int, default=None, help="use the first N prompts")
+    s.add_argument("--device", default=None, help="apply a device profile (see `edgespec devices`)")
+    s.add_argument("--json", default=None, help="write the full report here")
+    s.add_argument("--plot", default=None, help="draw tokens/s and acceptance to this PNG")
+    s.set_defaults(func=_cmd_bench)
+
+    s = sub.add_parser("devices", help="list the device profiles")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_cmd_devices)
+
+    s = sub.add_parser("plan", help="memory fit and speed estimate for a device")
+    s.add_argument("--device", required=True)
+    s.add_argument("--target", required=True)
+    s.add_argument("--draft", default=None, help="head folder or 'default'")
+    s.add_argument("--context", type=_positive_int, default=4096)
+    s.add_argument("--mean-accepted", type=float, default=None, help="tokens per verify pass")
+    s.add_argument("--bench", default=None, help="take mean accepted from a bench JSON")
+    s.add_argument("-k", "--k", type=_positive_int, default=4)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_cmd_plan)
 
     s = sub.add_parser("data", help="have the target write training text from prompt sources")
     s.add_argument("--target", required=True)

@@ -23,6 +23,7 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec.runtime.policies import FixedK
 from edgespec.runtime.sampling import SamplingParams, draw, probs, sample
 
 
@@ -45,6 +46,7 @@ class Draft:
     # Per draft token, the distribution it was drawn from as (target ids, probs), or None when
     # the proposal was deterministic (a one-hot q). Only sampling reads it.
     q: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)
+    conf: list[float] = field(default_factory=list)  # the drafter's top probability per step
 
 
 class Drafter(Protocol):
@@ -52,10 +54,12 @@ class Drafter(Protocol):
 
     def reset(self) -> None: ...
 
-    def propose(self, context: list[int], hidden: np.ndarray | None, k: int) -> Draft:
+    def propose(self, context: list[int], hidden: np.ndarray | None, k: int,
+                p_min: float = 0.0) -> Draft:
         """Up to k tokens to follow `context` (whose last token is pending). `hidden`: the
         target's hidden states [n, E] at the n positions before the pending token that became
-        final since the last call (None for drafters that do not read them)."""
+        final since the last call (None for drafters that do not read them). Drafters with
+        confidences stop once their top probability drops below p_min."""
 
 
 @dataclass
@@ -95,21 +99,6 @@ class Stats:
             "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 3), "finish_reason": self.finish_reason,
         }
-
-
-class FixedK:
-    """Draft length policy: always k (the drafter may still stop early)."""
-
-    def __init__(self, k: int):
-        if k < 0:
-            raise EdgespecError(f"draft length must be >= 0, got {k}")
-        self.k = k
-
-    def next_k(self) -> int:
-        return self.k
-
-    def update(self, drafted: int, accepted: int) -> None:
-        pass
 
 
 def _accept_greedy(logits: np.ndarray, drafts: list[int]) -> tuple[int, int]:
@@ -195,8 +184,9 @@ class Generation:
                     td = time.perf_counter()
                     rows = np.concatenate(fresh_hidden) if fresh_hidden else None
                     fresh_hidden = []
-                    draft = self.drafter.propose(context, rows, k)
-                    draft.tokens = draft.tokens[:k]
+                    draft = self.drafter.propose(context, rows, k, p_min=self.policy.p_min)
+                    n = min(k, self.policy.trim(draft))
+                    draft.tokens, draft.q = draft.tokens[:n], draft.q[:n]
                     st.draft_s += time.perf_counter() - td
                 tv = time.perf_counter()
                 base = len(t.tokens)

@@ -46,7 +46,7 @@ class PromptLookup:
     def reset(self) -> None:
         pass
 
-    def propose(self, context: list[int], hidden, k: int) -> Draft:
+    def propose(self, context: list[int], hidden, k: int, p_min: float = 0.0) -> Draft:
         n_ctx = len(context)
         arr = np.asarray(context)
         for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
@@ -157,7 +157,7 @@ class HeadDrafter:
 
     needs_hidden = True
 
-    def __init__(self, ckpt: str | Path, target_spec, p_min: float = 0.0):
+    def __init__(self, ckpt: str | Path, target_spec):
         from safetensors.numpy import load_file
 
         ckpt = Path(ckpt)
@@ -173,14 +173,14 @@ class HeadDrafter:
         self.ids = w.pop("draft_ids").astype(np.int64)
         self.head = NumpyHead(meta["head"], w)
         self.embed = TensorRows(read_header(target_spec.path), "token_embd.weight")
-        self.p_min = p_min
         self.meta = meta
         self.name = str(ckpt)
 
     def reset(self) -> None:
         self.head.reset()
 
-    def propose(self, context: list[int], hidden: np.ndarray | None, k: int) -> Draft:
+    def propose(self, context: list[int], hidden: np.ndarray | None, k: int,
+                p_min: float = 0.0) -> Draft:
         """`hidden`: target hidden states [n, E] for the n positions before the pending token
         that the head has not seen yet (pair: hidden at m, token at m + 1)."""
         h = self.head
@@ -192,17 +192,17 @@ class HeadDrafter:
             h.reset()
         out, _ = h.forward(self.embed[np.asarray(context[pos0 + 1:n_ctx])], hidden, pos0,
                            commit=True)
-        drafts, cache = [], (h.k, h.v)
+        drafts, conf, cache = [], [], (h.k, h.v)
         for j in range(k):
             lg = h.logits(out[-1])
             best = int(np.argmax(lg))
-            if self.p_min > 0:
-                z = np.exp(lg - lg[best])
-                if 1.0 / z.sum() < self.p_min and j > 0:
-                    break
+            top = float(1.0 / np.exp(lg - lg[best]).sum())
+            if top < p_min and j > 0:
+                break
             tok = int(self.ids[best])
             drafts.append(tok)
+            conf.append(top)
             if j + 1 < k:
                 out, cache = h.forward(self.embed[np.array([tok])], out[-1:], n_ctx - 1 + j,
                                        commit=False, cache=cache)
-        return Draft(drafts)
+        return Draft(drafts, conf=conf)

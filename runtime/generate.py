@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Callable
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.decoding import FixedK, Generation, Stats
+from edgespec.runtime.decoding import Generation, Stats
 from edgespec.runtime.llama_target import LlamaTarget
+from edgespec.runtime.policies import make_policy
 from edgespec.runtime.sampling import SamplingParams
 
 
@@ -30,6 +31,7 @@ def generate(target: str | Path | LlamaTarget, prompt: str, max_tokens: int = 12
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int | None = None, stop: list[str] | None = None, n_ctx: int = 4096,
              n_threads: int | None = None, draft: str | None = None, k: int = 4,
+             policy: str = "fixed",
              on_text: Callable[[str], None] | None = None) -> Result:
     """Generate a continuation of `prompt`; `on_text` receives each text piece as it streams.
 
@@ -44,7 +46,7 @@ def generate(target: str | Path | LlamaTarget, prompt: str, max_tokens: int = 12
     drafter = make_drafter(draft, engine.spec)
     ids = engine.tokenize(prompt)
     gen = Generation(engine, ids, sampling, max_tokens=max_tokens, drafter=drafter,
-                     policy=FixedK(k if drafter else 0), stop=stop)
+                     policy=make_policy(policy, k if drafter else 0, engine), stop=stop)
     for _, piece in gen:
         if on_text and piece:
             on_text(piece)

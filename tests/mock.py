@@ -62,7 +62,7 @@ class NoisyOracle:
     def reset(self):
         pass
 
-    def propose(self, context, hidden, k):
+    def propose(self, context, hidden, k, p_min=0.0):
         from edgespec.runtime.decoding import Draft
 
         ctx, out = list(context), []
@@ -88,7 +88,7 @@ class SamplingDrafter:
     def reset(self):
         pass
 
-    def propose(self, context, hidden, k):
+    def propose(self, context, hidden, k, p_min=0.0):
         from edgespec.runtime.decoding import Draft
 
         toks = [int(self.rng.choice(self.ids, p=self.q)) for _ in range(k)]

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.decoding import FixedK, Generation
+from edgespec.runtime.decoding import Generation
+from edgespec.runtime.policies import FixedK
 from edgespec.runtime.sampling import SamplingParams, probs
 from mock import MockTarget, NoisyOracle, SamplingDrafter
 

@@ -1,0 +1,290 @@
+"""`edgespec bench`: target-only, prompt lookup and edgespec heads side by side, in one run.
+
+Methods run interleaved per prompt (A B C, A B C, ...) after a warm-up, so machine drift hits all
+alike. Reports tokens/s (decode only; prefill separately), speedup vs target-only (median of
+per-prompt ratios), tokens per verify pass, acceptance per draft position, ms per draft step and
+per verify pass, peak RSS, and for greedy runs how often the output equals target-only output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgespec.errors import EdgespecError
+from edgespec.io import atomic_write_text, progress
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent / "bench_prompts.jsonl"
+
+
+@dataclass
+class Method:
+    name: str  # label in the report
+    kind: str  # target | lookup | edgespec
+    draft: str | None = None  # head folder for edgespec
+    k: int = 4
+    policy: str = "fixed"
+
+
+@dataclass
+class MethodResult:
+    method: Method
+    per_prompt: list[dict] = field(default_factory=list)
+
+
+def read_prompts(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise EdgespecError(f"{path}: no such prompt file")
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EdgespecError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
+            raise EdgespecError(f"{path}:{i}: each line needs a non-empty string field 'prompt'")
+        out.append(obj)
+    if not out:
+        raise EdgespecError(f"{path}: no prompts")
+    return out
+
+
+def parse_methods(spec: str, drafts: list[str], k: int) -> list[Method]:
+    """'target,lookup,edgespec' -> Methods; each edgespec entry takes the next --draft."""
+    methods, di = [], 0
+    for name in [m.strip() for m in spec.split(",") if m.strip()]:
+        if name == "target":
+            methods.append(Method("target", "target", k=0))
+        elif name == "lookup":
+            methods.append(Method("lookup", "lookup", k=k))
+        elif name == "edgespec":
+            draft = drafts[min(di, len(drafts) - 1)] if drafts else "default"
+            di += 1
+            label = "edgespec" if len(drafts) <= 1 else f"edgespec[{Path(draft).name}]"
+            methods.append(Method(label, "edgespec", draft=draft, k=k))
+        else:
+            raise EdgespecError(f"unknown method '{name}'; choose from target, lookup, edgespec")
+    if not methods or methods[0].kind != "target":
+        if not any(m.kind == "target" for m in methods):
+            methods.insert(0, Method("target", "target", k=0))
+    return methods
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _current_rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return _rss_mb()
+
+
+def machine_info(threads: int) -> dict:
+    cpu = platform.processor() or ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for mod in ("llama_cpp", "onnxruntime", "numpy"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:
+            versions[mod] = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "python": platform.python_version(),
+            "platform": platform.platform(), "versions": versions}
+
+
+def bench(target: str, prompts: list[dict], methods: list[Method], max_new_tokens: int = 128,
+          threads: int | None = None, temperature: float = 0.0, seed: int = 0, n_ctx: int = 4096,
+          device: dict | None = None) -> dict:
+    from edgespec.runtime.decoding import FixedK, Generation
+    from edgespec.runtime.generate import make_drafter
+    from edgespec.runtime.llama_target import LlamaTarget
+    from edgespec.runtime.policies import make_policy
+    from edgespec.runtime.sampling import SamplingParams
+
+    engine = LlamaTarget(target, n_ctx=n_ctx, n_threads=threads)
+    rss_target = _current_rss_mb()
+    drafters = {}
+    for m in methods:
+        if m.kind == "lookup":
+            drafters[m.name] = make_drafter("lookup", engine.spec)
+        elif m.kind == "edgespec":
+            drafters[m.name] = make_drafter(m.draft, engine.spec)
+    rss_all = _current_rss_mb()
+    sp = SamplingParams(temperature=temperature, seed=seed)
+
+    def run(m: Method, ids: list[int]):
+        d = drafters.get(m.name)
+        policy = make_policy(m.policy, m.k, engine) if d else FixedK(0)
+        g = Generation(engine, ids, sp, max_tokens=max_new_tokens, drafter=d, policy=policy)
+        for _ in g:
+            pass
+        return g
+
+    # warm-up: page the model in, build kernels, fill caches
+    warm = engine.tokenize("Warm-up: the quick brown fox jumps over the lazy dog.")
+    for m in methods:
+        run(m, warm)
+    results = {m.name: MethodResult(m) for m in methods}
+    bar = progress(total=len(prompts) * len(methods), desc="bench", unit="run")
+    for p in prompts:
+        text = p["prompt"]
+        if engine.spec.chat_template and isinstance(p.get("messages"), list):
+            from edgespec.chat import render_chat
+
+            text = render_chat(engine.spec, p["messages"])
+        ids = engine.tokenize(text)
+        if len(ids) + max_new_tokens + 16 > n_ctx:
+            raise EdgespecError(f"prompt '{p['prompt'][:30]}...' is too long for n_ctx={n_ctx}")
+        for m in methods:
+            g = run(m, ids)
+            s = g.stats
+            results[m.name].per_prompt.append({
+                "labels": {k: v for k, v in p.items() if k != "prompt"},
+                "tokens": s.tokens, "decode_s": s.decode_s, "prefill_s": s.prefill_s,
+                "verify_passes": s.verify_passes, "drafted": s.drafted, "accepted": s.accepted,
+                "accepted_at": s.accepted_at, "drafted_at": s.drafted_at, "draft_s": s.draft_s,
+                "verify_s": s.verify_s, "token_ids": g.token_ids,
+            })
+            bar.update(1)
+    bar.close()
+    report = summarize(results, temperature == 0.0)
+    report["target"] = {"name": engine.spec.name, "file": Path(engine.spec.path).name,
+                        "lm_head_type": engine.spec.lm_head_type,
+                        "fingerprint": engine.spec.tokenizer_fingerprint}
+    report["settings"] = {"max_new_tokens": max_new_tokens, "temperature": temperature,
+                          "prompts": len(prompts), "n_ctx": n_ctx,
+                          "methods": [m.__dict__ for m in methods]}
+    report["memory"] = {"rss_after_target_mb": round(rss_target, 1),
+                        "rss_after_drafters_mb": round(rss_all, 1),
+                        "peak_rss_mb": round(_rss_mb(), 1),
+                        "drafters_share_of_target": round((rss_all - rss_target) / rss_target, 4)}
+    report["machine"] = machine_info(engine.n_threads)
+    if device:
+        report["device"] = device
+    engine.close()
+    return report
+
+
+def _agg(rows: list[dict]) -> dict:
+    tokens = sum(r["tokens"] for r in rows)
+    dec = sum(r["decode_s"] for r in rows)
+    passes = sum(r["verify_passes"] for r in rows)
+    width = max((len(r["drafted_at"]) for r in rows), default=0)
+    acc_at = [sum(r["accepted_at"][i] for r in rows if i < len(r["accepted_at"])) for i in range(width)]
+    dr_at = [sum(r["drafted_at"][i] for r in rows if i < len(r["drafted_at"])) for i in range(width)]
+    drafted = sum(r["drafted"] for r in rows)
+    draft_calls = sum(1 for r in rows for _ in range(1)) or 1
+    return {
+        "tokens": tokens, "decode_s": round(dec, 4),
+        "prefill_s": round(sum(r["prefill_s"] for r in rows), 4),
+        "tokens_per_s": round(tokens / dec, 3) if dec else 0.0,
+        "mean_accepted": round(tokens / passes, 4) if passes else 0.0,
+        "acceptance_by_position": [round(a / d, 4) if d else 0.0 for a, d in zip(acc_at, dr_at)],
+        "ms_per_draft_token": round(1000 * sum(r["draft_s"] for r in rows) / drafted, 3) if drafted else 0.0,
+        "ms_per_verify": round(1000 * sum(r["verify_s"] for r in rows) / passes, 3) if passes else 0.0,
+        "verify_passes": passes, "drafted": drafted, "accepted": sum(r["accepted"] for r in rows),
+        "_calls": draft_calls,
+    }
+
+
+def summarize(results: dict[str, MethodResult], greedy: bool) -> dict:
+    base = results["target"].per_prompt
+    methods = {}
+    for name, res in results.items():
+        rows = res.per_prompt
+        agg = _agg(rows)
+        agg.pop("_calls")
+        ratios = [(r["tokens"] / r["decode_s"]) / (b["tokens"] / b["decode_s"])
+                  for r, b in zip(rows, base) if r["decode_s"] > 0 and b["decode_s"] > 0]
+        agg["speedup"] = round(statistics.median(ratios), 4) if ratios else 0.0
+        if greedy:
+            same, prefix = 0, []
+            for r, b in zip(rows, base):
+                a, c = r["token_ids"], b["token_ids"]
+                n = next((i for i, (x, y) in enumerate(zip(a, c)) if x != y), min(len(a), len(c)))
+                prefix.append(n)
+                same += int(a == c)
+            agg["same_as_target_share"] = round(same / len(rows), 4)
+            agg["mean_matching_prefix"] = round(sum(prefix) / len(prefix), 2)
+        kinds = sorted({str(r["labels"].get("kind", "all")) for r in rows})
+        agg["by_kind"] = {}
+        for kind in kinds:
+            sel = [i for i, r in enumerate(rows) if str(r["labels"].get("kind", "all")) == kind]
+            ka = _agg([rows[i] for i in sel])
+            kr = [(rows[i]["tokens"] / rows[i]["decode_s"]) / (base[i]["tokens"] / base[i]["decode_s"])
+                  for i in sel if rows[i]["decode_s"] > 0 and base[i]["decode_s"] > 0]
+            agg["by_kind"][kind] = {"prompts": len(sel), "tokens_per_s": ka["tokens_per_s"],
+                                    "speedup": round(statistics.median(kr), 4) if kr else 0.0,
+                                    "mean_accepted": ka["mean_accepted"]}
+        methods[name] = agg
+    return {"methods": methods}
+
+
+def format_table(report: dict) -> str:
+    rows = [("method", "tok/s", "speedup", "tok/pass", "accept by position", "ms/draft", "ms/verify", "same")]
+    for name, m in report["methods"].items():
+        rows.append((name, f"{m['tokens_per_s']:.1f}", f"{m['speedup']:.2f}x", f"{m['mean_accepted']:.2f}",
+                     " ".join(f"{a:.2f}" for a in m["acceptance_by_position"][:6]) or "-",
+                     f"{m['ms_per_draft_token']:.2f}", f"{m['ms_per_verify']:.2f}",
+                     f"{m.get('same_as_target_share', float('nan')):.2f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    kinds = sorted({k for m in report["methods"].values() for k in m["by_kind"]})
+    if len(kinds) > 1:
+        lines.append("")
+        lines.append("speedup by kind: " + "; ".join(
+            f"{name}: " + ", ".join(f"{k} {m['by_kind'][k]['speedup']:.2f}x" for k in kinds if k in m["by_kind"])
+            for name, m in report["methods"].items() if name != "target"))
+    mem = report["memory"]
+    lines.append(f"RSS: target {mem['rss_after_target_mb']:.0f} MB, with drafters "
+                 f"{mem['rss_after_drafters_mb']:.0f} MB, peak {mem['peak_rss_mb']:.0f} MB; "
+                 f"machine: {report['machine']['cpu']}, {report['machine']['threads']} threads")
+    return "\n".join(lines)
+
+
+def write_report(report: dict, out: str | Path) -> None:
+    atomic_write_text(out, json.dumps(report, indent=1))
+
+
+def plot(report: dict, out: str | Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EdgespecError("--plot needs matplotlib: pip install 'edgespec[plot]'") from None
+    names = list(report["methods"])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.bar(names, [report["methods"][n]["tokens_per_s"] for n in names])
+    a.set_ylabel("tokens/s")
+    a.set_title(report["target"]["name"])
+    for n in names:
+        acc = report["methods"][n]["acceptance_by_position"]
+        if acc:
+            b.plot(range(1, len(acc) + 1), acc, marker="o", label=n)
+    b.set_xlabel("draft position")
+    b.set_ylabel("acceptance")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    print(f"plot written to {out}", file=sys.stderr)

@@ -1,0 +1,127 @@
+"""Draft-length policies: how many drafted tokens go into each verify pass.
+
+fixed       always k drafts.
+confidence  draft up to k, stop once the head's top probability falls below p_min (llama.cpp's
+            rule for its draft models).
+cost        draft up to k, then keep the prefix length that maximises expected tokens per second:
+            (1 + sum_j prod_{i<=j} p_i) / (c(j + 1) + draft time), where p_i are the head's
+            confidences and c(n) is the target's measured cost of verifying n tokens on this
+            machine (measured once at start, cached per target file and thread count).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+
+POLICIES = ("fixed", "confidence", "cost")
+
+
+class FixedK:
+    name = "fixed"
+
+    def __init__(self, k: int):
+        if k < 0:
+            raise EdgespecError(f"draft length must be >= 0, got {k}")
+        self.k = k
+        self.p_min = 0.0
+
+    def next_k(self) -> int:
+        return self.k
+
+    def trim(self, draft) -> int:
+        return len(draft.tokens)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+class Confidence(FixedK):
+    name = "confidence"
+
+    def __init__(self, k: int, p_min: float = 0.4):
+        super().__init__(k)
+        self.p_min = p_min
+
+
+def _cache_path() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgespec"
+    return base / "verify_cost.json"
+
+
+def measure_verify_cost(engine, n_max: int, repeats: int = 5) -> list[float]:
+    """Median seconds of one decode of n tokens with logits at every position, n = 1..n_max."""
+    key = f"{Path(engine.spec.path).resolve()}|{os.path.getsize(engine.spec.path)}|t{engine.n_threads}|n{n_max}"
+    path = _cache_path()
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        cached = {}
+    if key in cached:
+        return cached[key]
+    saved = list(engine.tokens)
+    engine.reset()
+    engine.prefill(engine.tokenize("Measuring the cost of a verify pass on this machine."))
+    base = len(engine.tokens)
+    costs = []
+    for n in range(1, n_max + 1):
+        times = []
+        for r in range(repeats + 1):
+            t0 = time.perf_counter()
+            engine.decode([1000 + i for i in range(n)], hidden=True)
+            if r:  # the first run warms up
+                times.append(time.perf_counter() - t0)
+            engine.truncate(base)
+        costs.append(float(np.median(times)))
+    engine.reset()
+    engine.prefill(saved)
+    cached[key] = costs
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cached))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home only costs a re-measure next time
+    return costs
+
+
+class CostAware(FixedK):
+    name = "cost"
+
+    def __init__(self, k: int, verify_cost: list[float], draft_step_s: float = 0.001):
+        super().__init__(k)
+        if len(verify_cost) < k + 1:
+            raise ValueError("verify_cost needs k + 1 entries")
+        self.c = verify_cost
+        self.draft_step_s = draft_step_s
+
+    def trim(self, draft) -> int:
+        conf = draft.conf or [1.0] * len(draft.tokens)
+        best_k, best = 0, 1.0 / self.c[0]
+        expected, survive = 1.0, 1.0
+        for j, p in enumerate(conf[: len(draft.tokens)], 1):
+            survive *= p
+            expected += survive
+            rate = expected / (self.c[j] + j * self.draft_step_s)
+            if rate > best:
+                best_k, best = j, rate
+        return best_k
+
+
+def make_policy(name: str, k: int, engine=None):
+    if name == "fixed":
+        return FixedK(k)
+    if name == "confidence":
+        return Confidence(k)
+    if name == "cost":
+        if engine is None:
+            raise ValueError("the cost policy needs the target engine to measure verify cost")
+        return CostAware(k, measure_verify_cost(engine, k + 1))
+    raise EdgespecError(f"unknown draft policy '{name}'; choose from {', '.join(POLICIES)}")

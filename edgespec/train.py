@@ -38,9 +38,9 @@ def is_eval(index: int) -> bool:
 
 @dataclass
 class TrainConfig:
-    steps: int = 1500  # optimizer steps
-    batch: int = 8  # sequences per step
-    seq_len: int = 160  # positions per sequence window
+    steps: int = 800  # optimizer steps
+    batch: int = 4  # sequences per step
+    seq_len: int = 96  # chain starts per sequence window
     n_steps: int = 4  # draft steps unrolled (training-time test)
     step_decay: float = 0.8  # loss weight of step j is decay^(j-1)
     optimizer: str = "adamw"  # or "muon" (2-D weights; AdamW for the rest)
@@ -121,13 +121,15 @@ def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d=None)
     outs = head.forward_chain(emb[:, 1:], hid[:, :T], n, valid=valid[:, :T])
     total, accs = 0.0, []
     wsum = sum(cfg.step_decay ** j for j in range(n))
+    with torch.no_grad():  # the target's distribution at every position, once for all steps
+        p_all_logits = head.logits(hid[:, 1:])
+        p_all = torch.softmax(p_all_logits, -1)
+        logp_all = torch.log(p_all.clamp_min(1e-12))
     for j, out in enumerate(outs):  # step j+1 at chain start t predicts x_{t+j+2}
-        with torch.no_grad():
-            p_logits = head.logits(hid[:, j + 1:j + 1 + T])
-            p = torch.softmax(p_logits.float(), -1)
+        p_logits, p = p_all_logits[:, j:j + T], p_all[:, j:j + T]
         q_log = torch.log_softmax(head.logits(out).float(), -1)
         m = (valid[:, j + 1:j + 1 + T] & valid[:, :T]).float()
-        kl = (p * (torch.log(p.clamp_min(1e-12)) - q_log)).sum(-1)
+        kl = (p * (logp_all[:, j:j + T] - q_log)).sum(-1)
         loss_j = (kl * m).sum() / m.sum().clamp_min(1)
         if cfg.ce_weight and t2d is not None:
             tgt = t2d[toks[:, j + 2:j + 2 + T]]
@@ -262,7 +264,7 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
         base_lrs = state["base_lrs"]
     batcher = Batcher(feats, train_idx, cfg, embed, seed=cfg.seed + start)
     meta.update({
-        "format": "edgespec-head", "version": 1, "target": spec.name,
+        "format": "edgespec-head", "version": 1, "target": spec.name, "target_path": spec.path,
         "target_fingerprint": spec.tokenizer_fingerprint, "target_arch": spec.arch,
         "draft_vocab": {"ids": vocab["ids"], "size": int(len(vocab["ids"])),
                         "coverage": round(float(vocab["coverage"]), 4)},
@@ -276,6 +278,7 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
     head.train()
     bar = progress(total=cfg.steps, initial=start, desc="train", unit="step")
     t0, hist = time.time(), (state or {}).get("history", [])
+    meta["train"].update(steps_done=start, seconds=(state or {}).get("seconds", 0.0), history=hist)
     for step in range(start, cfg.steps):
         for o, lrs in zip(opts, base_lrs):
             for g, lr in zip(o.param_groups, lrs):
@@ -365,7 +368,9 @@ def eval_head(ckpt: str | Path, features: str | Path, max_chain: int = 8,
 
 
 def _embed_for(meta: dict) -> TensorRows:
-    spec = load_target_spec(meta["target"])
+    from edgespec.targets import KNOWN_TARGETS
+
+    spec = load_target_spec(meta["target"] if meta["target"] in KNOWN_TARGETS else meta["target_path"])
     if spec.tokenizer_fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"target {meta['target']} does not match the head's fingerprint")
     return TensorRows(read_header(spec.path), "token_embd.weight")

@@ -32,8 +32,8 @@ class Target(Protocol):
     n_ctx: int
 
     def prefill(self, tokens: list[int]) -> None: ...
-    def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True
-               ) -> tuple[np.ndarray, np.ndarray | None]: ...
+    def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True,
+               copy: bool = True) -> tuple[np.ndarray, np.ndarray | None]: ...
     def truncate(self, n: int) -> None: ...
     def reset(self) -> None: ...
     def is_eog(self, token: int) -> bool: ...
@@ -191,7 +191,7 @@ class Generation:
                 tv = time.perf_counter()
                 base = len(t.tokens)
                 logits, hid = t.decode([pending] + draft.tokens, hidden=want_hidden,
-                                       all_logits=bool(draft.tokens))
+                                       all_logits=bool(draft.tokens), copy=False)
                 if sp.greedy:
                     n_acc, nxt = _accept_greedy(logits, draft.tokens)
                 else:
@@ -203,7 +203,7 @@ class Generation:
                 self._count(len(draft.tokens), n_acc)
                 self.policy.update(len(draft.tokens), n_acc)
                 if hid is not None:
-                    fresh_hidden.append(hid[:n_acc + 1])
+                    fresh_hidden.append(hid[:n_acc + 1].copy())
                 for tok in draft.tokens[:n_acc] + [nxt]:
                     context.append(tok)
                     piece = self._emit(tok, utf8)

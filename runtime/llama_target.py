@@ -145,13 +145,14 @@ class LlamaTarget:
             chunk = tokens[s:s + self.n_batch]
             self._decode_chunk(chunk, [False] * len(chunk))
 
-    def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True
-               ) -> tuple[np.ndarray, np.ndarray | None]:
+    def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True,
+               copy: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         """Decode up to n_batch tokens; return logits [n_out, V] and hidden states [n, E] or None.
 
         With hidden=True every position is an output (llama.cpp's rule with embeddings on). With
         hidden=False and all_logits=False only the last position's logits are computed, which is
-        much cheaper on a large vocabulary.
+        much cheaper on a large vocabulary. copy=False returns views into llama.cpp's buffers,
+        valid until the next decode (the decode loop reads them at once).
         """
         if not tokens:
             raise ValueError("decode needs at least one token")
@@ -159,20 +160,19 @@ class LlamaTarget:
             raise ValueError(f"decode takes at most n_batch={self.n_batch} tokens")
         self._set_embeddings(hidden)
         n = len(tokens)
-        outs = [True] * n if (all_logits or hidden) else [False] * (n - 1) + [True]
-        self._decode_chunk(tokens, outs)
-        rows = range(n) if (all_logits or hidden) else [n - 1]
-        logits = np.stack([self._row(lc.llama_get_logits_ith, i, self.n_vocab) for i in rows])
-        hid = None
-        if hidden:
-            hid = np.stack([self._row(lc.llama_get_embeddings_ith, i, self.n_embd) for i in range(n)])
+        every = all_logits or hidden
+        self._decode_chunk(tokens, [True] * n if every else [False] * (n - 1) + [True])
+        n_out = n if every else 1
+        logits = self._rows(lc.llama_get_logits(self._ctx), n_out, self.n_vocab, copy)
+        hid = self._rows(lc.llama_get_embeddings(self._ctx), n, self.n_embd, copy) if hidden else None
         return logits, hid
 
-    def _row(self, getter, i: int, width: int) -> np.ndarray:
-        ptr = getter(self._ctx, i)
+    @staticmethod
+    def _rows(ptr, n: int, width: int, copy: bool) -> np.ndarray:
         if not ptr:
-            raise RuntimeError(f"llama.cpp returned no output for batch row {i}")
-        return np.ctypeslib.as_array(ptr, shape=(width,)).copy()
+            raise RuntimeError("llama.cpp returned no outputs for this batch")
+        view = np.ctypeslib.as_array(ptr, shape=(n, width))
+        return view.copy() if copy else view
 
     def truncate(self, n: int) -> None:
         """Roll the cache back to its first n tokens (exact, also on sliding-window caches)."""

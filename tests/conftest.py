@@ -1,0 +1,3 @@
+import os
+
+os.environ.setdefault("EDGESPEC_NO_PROGRESS", "1")

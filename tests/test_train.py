@@ -1,0 +1,126 @@
+"""Features storage and the training loop on a tiny GGUF target and synthetic hidden states."""
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgespec.errors import EdgespecError  # noqa: E402
+from edgespec.features import Features, bytes_per_token, dequantize, quantize  # noqa: E402
+from edgespec.targets import load_target_spec  # noqa: E402
+from test_targets import write_tiny_gguf  # noqa: E402
+
+VOCAB = tuple(f"t{i}" for i in range(40))
+
+
+@pytest.mark.parametrize("dtype,group,tol", [("fp16", 32, 2e-3), ("int8", 16, 0.03), ("int4", 16, 0.3)])
+def test_quantize_roundtrip(dtype, group, tol):
+    h = np.random.default_rng(0).normal(size=(7, 64)).astype(np.float32)
+    r = dequantize(quantize(h, dtype, group), dtype, group)
+    assert r.shape == h.shape
+    assert np.abs(r - h).max() <= tol * np.abs(h).max()
+
+
+def test_int4_is_3_5x_smaller_than_fp16():
+    assert bytes_per_token("fp16", 640, 32) / bytes_per_token("int4", 640, 32) >= 3.5
+
+
+def write_features(folder, spec, n_samples=24, length=30, dtype="int4", seed=0):
+    """Synthetic features: a deterministic token chain and hidden states that encode it, so a
+    head can learn to predict; written in the same layout `extract` writes."""
+    from safetensors.numpy import save_file
+
+    from edgespec.features import _sha256
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    emb = rng.normal(size=(len(VOCAB), spec.n_embd)).astype(np.float32)
+    toks, seqs, hid = [], [], []
+    for i in range(n_samples):
+        t = [int(rng.integers(len(VOCAB)))]
+        for _ in range(length - 1):
+            t.append((t[-1] * 7 + 3) % len(VOCAB))
+        toks += t
+        seqs += [i] * length
+        hid.append(emb[[(x * 7 + 3) % len(VOCAB) for x in t]])
+    arrays = quantize(np.concatenate(hid), dtype, 16)
+    arrays["tokens"] = np.asarray(toks, dtype=np.int32)
+    arrays["seq"] = np.asarray(seqs, dtype=np.int32)
+    save_file(arrays, str(folder / "features-00000.safetensors"))
+    manifest = {"target": spec.name, "target_fingerprint": spec.tokenizer_fingerprint,
+                "n_embd": spec.n_embd, "n_vocab": spec.n_vocab, "dtype": dtype, "group_size": 16,
+                "shard_samples": n_samples, "complete": True, "tokens": len(toks),
+                "shards": [{"file": "features-00000.safetensors", "samples": n_samples,
+                            "tokens": len(toks), "sha256": _sha256(folder / "features-00000.safetensors")}]}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+@pytest.fixture()
+def tiny(tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", n_layer=6, vocab=VOCAB)
+    spec = load_target_spec(path)
+    feats = write_features(tmp_path / "feat", spec)
+    return path, spec, feats, tmp_path
+
+
+def small_cfg(**kw):
+    from edgespec.train import TrainConfig
+
+    base = dict(steps=60, batch=4, seq_len=16, n_steps=3, draft_vocab=32, lr=3e-3, warmup=5,
+                save_every=30)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+HEAD = {"n_head": 2, "n_head_kv": 1, "head_dim": 8, "n_ff": 32}
+
+
+def test_train_learns_resumes_and_evaluates(tiny):
+    from edgespec.train import eval_head, load_checkpoint, train
+
+    path, spec, feats, tmp = tiny
+    meta = train(str(path), feats, tmp / "head", small_cfg(), head_overrides=HEAD, log=lambda m: None)
+    hist = meta["train"]["history"]
+    assert hist[-1]["loss"] < hist[0]["loss"] * 0.7
+    assert meta["draft_vocab"]["size"] == 32 and meta["train"]["trainable_parameters"] > 0
+    head, m2 = load_checkpoint(tmp / "head")
+    assert m2["target_fingerprint"] == spec.tokenizer_fingerprint
+    # resume past the end continues from the saved step, not from zero
+    more = train(str(path), feats, tmp / "head", small_cfg(steps=70), resume=True,
+                 head_overrides=HEAD, log=lambda m: None)
+    assert more["train"]["steps_done"] == 60  # the saved config (60 steps) governs a resume
+    r = eval_head(tmp / "head", feats, max_chain=3)
+    assert r["samples"] >= 1 and len(r["acceptance_by_position"]) == 3
+    assert 0.0 <= r["expected_accepted"]["1"] <= 1.0
+    with pytest.raises(EdgespecError, match="already holds a checkpoint"):
+        train(str(path), feats, tmp / "head", small_cfg(), head_overrides=HEAD, log=lambda m: None)
+
+
+def test_muon_optimizer_runs(tiny):
+    from edgespec.train import train
+
+    path, _, feats, tmp = tiny
+    meta = train(str(path), feats, tmp / "muon", small_cfg(optimizer="muon", steps=30),
+                 head_overrides=HEAD, log=lambda m: None)
+    assert meta["train"]["history"][-1]["loss"] < meta["train"]["history"][0]["loss"]
+
+
+def test_bad_features_are_refused(tiny):
+    from edgespec.train import train
+
+    path, spec, feats, tmp = tiny
+    other = write_tiny_gguf(tmp / "other.gguf", vocab=("x", "y", "z"))
+    with pytest.raises(EdgespecError, match="another target"):
+        train(str(other), feats, tmp / "h2", small_cfg(), log=lambda m: None)
+    shard = feats / "features-00000.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(EdgespecError, match="checksum"):
+        Features(feats)
+    (feats / "manifest.json").write_text(json.dumps({"complete": False}))
+    with pytest.raises(EdgespecError, match="incomplete"):
+        Features(feats)

@@ -180,6 +180,30 @@ def _cmd_plan(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    if args.kind == "target":
+        from edgespec.exporters.target import export_target
+
+        r = export_target(args.source, args.out, head_type=args.head_type, threads=args.threads,
+                          check=not args.no_check, mode=args.mode)
+    elif args.kind == "gguf":
+        from edgespec.exporters.gguf_head import check_head_export, write_head_gguf
+
+        r = write_head_gguf(args.source, args.out, quant=args.quant or "q8_0")
+        if args.check:
+            if not args.features:
+                raise EdgespecError("--check needs --features DIR (recorded inputs)")
+            r["check"] = check_head_export(args.source, args.out, args.features)
+    else:
+        raise EdgespecError(f"export {args.kind}: not available yet (gguf, target)")
+    if args.json:
+        print(json.dumps(r, indent=1))
+    else:
+        for k, v in r.items():
+            print(f"{k:22s} {v}")
+    return 0
+
+
 def _positive_int(v: str) -> int:
     try:
         n = int(v)
@@ -240,6 +264,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", default=None, help="write the full report here")
     s.add_argument("--plot", default=None, help="draw tokens/s and acceptance to this PNG")
     s.set_defaults(func=_cmd_bench)
+
+    s = sub.add_parser("export", help="export a head (gguf) or a verify-friendly target (target)")
+    s.add_argument("kind", choices=["gguf", "onnx", "target", "onnx-target"])
+    s.add_argument("source", help="head checkpoint folder, or a target for `target`")
+    s.add_argument("--out", required=True)
+    s.add_argument("--quant", default=None, help="gguf: f16, q8_0 (default), q4_0")
+    s.add_argument("--head-type", default="Q4_0", help="target: LM head tensor type")
+    s.add_argument("--mode", default="untie", choices=["untie", "requantize"],
+                   help="target: add a separate LM head (default) or re-quantize the tied one")
+    s.add_argument("--check", action="store_true", help="check the export against the trained head")
+    s.add_argument("--no-check", action="store_true", help="target: skip the cost/agreement report")
+    s.add_argument("--features", default=None, help="recorded inputs for --check")
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_cmd_export)
 
     s = sub.add_parser("devices", help="list the device profiles")
     s.add_argument("--json", action="store_true")

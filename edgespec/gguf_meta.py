@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +57,7 @@ class GGUFHeader:
     metadata: dict
     tensors: dict[str, TensorInfo]
     data_offset: int
+    value_types: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # (type, item type)
 
 
 class _Cursor:
@@ -131,10 +132,15 @@ def read_header(path: str | Path) -> GGUFHeader:
         n_tensors, n_kv = cur.scalar(10), cur.scalar(10)
         if n_tensors > 1_000_000 or n_kv > 1_000_000:
             raise EdgespecError(f"{path}: corrupt GGUF header (implausible counts)")
-        metadata = {}
+        metadata, value_types = {}, {}
         for _ in range(n_kv):
             key = cur.string()
-            metadata[key] = cur.value(cur.scalar(4))
+            vt = cur.scalar(4)
+            item = None
+            if vt == _ARRAY:  # peek at the item type
+                item = struct.unpack_from("<I", cur.buf, cur.pos)[0]
+            metadata[key] = cur.value(vt)
+            value_types[key] = (vt, item)
         raw_tensors = []
         for _ in range(n_tensors):
             name = cur.string()
@@ -156,7 +162,7 @@ def read_header(path: str | Path) -> GGUFHeader:
                 raise EdgespecError(f"{path}: GGUF file is truncated (tensor {name} runs past the "
                                     f"end, {size} bytes); download or export it again")
             tensors[name] = info
-        return GGUFHeader(path, version, metadata, tensors, data_offset)
+        return GGUFHeader(path, version, metadata, tensors, data_offset, value_types)
     finally:
         buf.close()
 

@@ -24,6 +24,9 @@ def atomic_write(path: str | Path, write) -> None:
         raise EdgespecError(f"{path.parent}: cannot write here ({e.strerror})") from None
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; finished files get normal modes
         os.replace(tmp, path)
     except OSError as e:
         raise EdgespecError(f"{path}: write failed ({e.strerror})") from None

@@ -21,14 +21,13 @@ HEADS_DIR = Path(__file__).resolve().parent / "heads"
 
 
 def default_head(spec) -> Path:
-    """The head shipped for this target (matched by tokenizer fingerprint and architecture)."""
+    """The head shipped for this target: a GGUF under runtime/heads/*/ whose fingerprint matches."""
     if HEADS_DIR.is_dir():
         for d in sorted(HEADS_DIR.iterdir()):
-            cfg = d / "config.json"
-            if cfg.exists():
-                meta = json.loads(cfg.read_text())
-                if meta.get("target_fingerprint") == spec.tokenizer_fingerprint:
-                    return d
+            for f in sorted(d.glob("*.gguf")):
+                fp = read_header(f).metadata.get("edgespec-mtp.target_fingerprint")
+                if fp == spec.tokenizer_fingerprint:
+                    return f
     raise EdgespecError(f"no default head ships for target {spec.name}; train one with "
                         "`edgespec train` and pass its folder to --draft")
 
@@ -157,24 +156,27 @@ class HeadDrafter:
 
     needs_hidden = True
 
-    def __init__(self, ckpt: str | Path, target_spec):
-        from safetensors.numpy import load_file
+    def __init__(self, path: str | Path, target_spec):
+        """`path`: a head GGUF file (`edgespec export gguf`) or a training checkpoint folder."""
+        path = Path(path)
+        if path.suffix == ".gguf":
+            from edgespec.exporters.gguf_head import read_head_gguf
 
-        ckpt = Path(ckpt)
-        for name in ("config.json", "model.safetensors"):
-            if not (ckpt / name).exists():
-                raise EdgespecError(f"{ckpt}: not a head checkpoint (missing {name})")
-        meta = json.loads((ckpt / "config.json").read_text())
-        if meta.get("target_fingerprint") != target_spec.tokenizer_fingerprint:
-            raise EdgespecError(f"head {ckpt} was trained for target '{meta.get('target')}' "
-                                f"(fingerprint {meta.get('target_fingerprint')}), not for "
-                                f"{target_spec.name} ({target_spec.tokenizer_fingerprint})")
-        w = load_file(str(ckpt / "model.safetensors"))
-        self.ids = w.pop("draft_ids").astype(np.int64)
-        self.head = NumpyHead(meta["head"], w)
+            config, w, info = read_head_gguf(path)
+            fingerprint, trained_for, self.ids = info["target_fingerprint"], info["target"], info["draft_ids"]
+        else:
+            from edgespec.exporters.gguf_head import read_checkpoint
+
+            meta, w = read_checkpoint(path)
+            config, fingerprint, trained_for = meta["head"], meta.get("target_fingerprint"), meta.get("target")
+            self.ids = w.pop("draft_ids").astype(np.int64)
+        if fingerprint != target_spec.tokenizer_fingerprint:
+            raise EdgespecError(f"head {path} was trained for target '{trained_for}' (fingerprint "
+                                f"{fingerprint}), not for {target_spec.name} "
+                                f"({target_spec.tokenizer_fingerprint})")
+        self.head = NumpyHead(config, w)
         self.embed = TensorRows(read_header(target_spec.path), "token_embd.weight")
-        self.meta = meta
-        self.name = str(ckpt)
+        self.name = str(path)
 
     def reset(self) -> None:
         self.head.reset()

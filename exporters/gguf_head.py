@@ -1,0 +1,160 @@
+"""Draft heads to GGUF and back (numpy only: no torch at either end).
+
+    edgespec export gguf runs/gemma/head --quant q8_0 --out head.gguf [--check --features DIR]
+
+The file carries its own architecture name (`edgespec-mtp`), every hyperparameter, the layer
+types, window and RoPE bases, the target's tokenizer fingerprint and the draft vocabulary, so it
+alone is enough to run the head next to its target. 2-D weights are quantized with the `gguf`
+package (Q8_0 / Q4_0 / F16); norms stay F32.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType as Q
+
+from edgespec.errors import EdgespecError
+from edgespec.gguf_meta import TensorRows, read_header
+from edgespec.io import atomic_write
+
+ARCH = "edgespec-mtp"
+QUANTS = {"f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}
+
+
+def read_checkpoint(ckpt: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """A training checkpoint folder -> (meta, numpy weights incl. `draft_ids`)."""
+    from safetensors.numpy import load_file
+
+    ckpt = Path(ckpt)
+    for name in ("config.json", "model.safetensors"):
+        if not (ckpt / name).exists():
+            raise EdgespecError(f"{ckpt}: not a head checkpoint (missing {name})")
+    try:
+        meta = json.loads((ckpt / "config.json").read_text())
+        weights = load_file(str(ckpt / "model.safetensors"))
+    except Exception as e:
+        raise EdgespecError(f"{ckpt}: unreadable checkpoint ({e})") from None
+    if "head" not in meta or "draft_ids" not in weights:
+        raise EdgespecError(f"{ckpt}: checkpoint lacks its head config or draft vocabulary")
+    return meta, weights
+
+
+def write_head_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0") -> dict:
+    import gguf
+    from gguf.quants import quantize
+
+    if quant not in QUANTS:
+        raise EdgespecError(f"unknown --quant {quant} for GGUF; choose from {', '.join(QUANTS)}")
+    meta, weights = read_checkpoint(ckpt)
+    c = meta["head"]
+    qt = QUANTS[quant]
+
+    def write(tmp):
+        w = gguf.GGUFWriter(tmp, ARCH)
+        w.add_string("general.name", f"edgespec draft head for {meta['target']}")
+        w.add_string(f"{ARCH}.head_config", json.dumps(c))
+        w.add_string(f"{ARCH}.target", meta["target"])
+        w.add_string(f"{ARCH}.target_fingerprint", meta["target_fingerprint"])
+        w.add_string(f"{ARCH}.train_meta", json.dumps({k: v for k, v in meta.items()
+                                                       if k not in ("head",)}, default=str))
+        w.add_uint32(f"{ARCH}.embedding_length", c["n_embd"])
+        w.add_uint32(f"{ARCH}.block_count", len(c["layer_types"]))
+        w.add_uint32(f"{ARCH}.attention.head_count", c["n_head"])
+        w.add_uint32(f"{ARCH}.attention.head_count_kv", c["n_head_kv"])
+        w.add_uint32(f"{ARCH}.attention.key_length", c["head_dim"])
+        w.add_uint32(f"{ARCH}.feed_forward_length", c["n_ff"])
+        w.add_uint32(f"{ARCH}.attention.sliding_window", c["sliding_window"])
+        w.add_array(f"{ARCH}.layer_types", list(c["layer_types"]))
+        w.add_float32(f"{ARCH}.rope.freq_base", c["rope_base_global"])
+        w.add_float32(f"{ARCH}.rope.freq_base_swa", c["rope_base_local"])
+        w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", c["rms_eps"])
+        w.add_float32(f"{ARCH}.embed_scale", c["embed_scale"])
+        w.add_array(f"{ARCH}.draft_vocab", [int(x) for x in weights["draft_ids"]])
+        for name, arr in weights.items():
+            if name == "draft_ids":
+                continue
+            arr = np.ascontiguousarray(arr, dtype=np.float32)
+            if arr.ndim == 2 and arr.shape[1] % 32 == 0 and qt != Q.F32:
+                w.add_tensor(name, quantize(arr, qt), raw_dtype=qt)
+            else:
+                w.add_tensor(name, arr)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    atomic_write(out, write)
+    return {"out": str(out), "quant": quant, "bytes": Path(out).stat().st_size}
+
+
+def read_head_gguf(path: str | Path) -> tuple[dict, dict[str, np.ndarray], dict]:
+    """-> (head config, float32 weights incl. lm_head, info: target fingerprint, draft ids)."""
+    header = read_header(path)
+    md = header.metadata
+    if md.get("general.architecture") != ARCH:
+        raise EdgespecError(f"{path}: not an edgespec head (architecture "
+                            f"{md.get('general.architecture')})")
+    config = json.loads(md[f"{ARCH}.head_config"])
+    weights = {}
+    for name, t in header.tensors.items():
+        rows = TensorRows(header, name)
+        arr = rows[0:rows.n_rows]
+        weights[name] = arr.reshape(tuple(reversed(t.shape))) if len(t.shape) > 1 else arr.reshape(-1)
+    info = {"target": md.get(f"{ARCH}.target"), "target_fingerprint": md[f"{ARCH}.target_fingerprint"],
+            "draft_ids": np.asarray(md[f"{ARCH}.draft_vocab"], dtype=np.int64)}
+    return config, weights, info
+
+
+def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Path,
+                      n_steps: int = 4, max_samples: int = 4, every: int = 8) -> dict:
+    """Run the exported head (numpy runtime) beside the trained torch head on recorded inputs
+    (held-out hidden states): max logit error, top-1 agreement, size, ms per draft step."""
+    import time
+
+    import torch
+
+    from edgespec.features import Features
+    from edgespec.runtime.drafters import NumpyHead
+    from edgespec.train import _embed_for, _sample_indices, is_eval, load_checkpoint
+
+    head, meta = load_checkpoint(ckpt)
+    config, w, info = read_head_gguf(exported)
+    if info["target_fingerprint"] != meta["target_fingerprint"]:
+        raise EdgespecError(f"{exported} is not an export of {ckpt} (target fingerprints differ)")
+    nh = NumpyHead(config, w)
+    feats = Features(features)
+    embed = _embed_for(meta)
+    idx = [i for i, s in enumerate(_sample_indices(feats)) if is_eval(s)][:max_samples]
+    if not idx:
+        raise EdgespecError(f"{features}: no held-out samples to check against")
+    errs, agree, total, step_s, steps = [], 0, 0, 0.0, 0
+    for i in idx:
+        toks = feats.tokens[i].astype(np.int64)
+        hid = feats.hidden(i)
+        T = len(toks) - n_steps - 1
+        emb = embed[toks]
+        with torch.no_grad():
+            ref = head.forward_chain(torch.from_numpy(emb)[None, 1:], torch.from_numpy(hid[:T])[None], n_steps)
+            ref_logits = [head.logits(o[0]).numpy() for o in ref]
+        nh.reset()
+        done = 0
+        for t in range(0, T, every):
+            out, _ = nh.forward(emb[done + 1:t + 2], hid[done:t + 1], done, commit=True)
+            done = t + 1
+            cache, last = (nh.k, nh.v), out[-1:]
+            for j in range(n_steps):
+                if j:
+                    t0 = time.perf_counter()
+                    last, cache = nh.forward(emb[t + 1 + j][None], last, t + j, commit=False, cache=cache)
+                    step_s += time.perf_counter() - t0
+                    steps += 1
+                lg = nh.logits(last[0])
+                errs.append(float(np.abs(lg - ref_logits[j][t]).max()))
+                agree += int(lg.argmax() == ref_logits[j][t].argmax())
+                total += 1
+    return {"exported": str(exported), "bytes": Path(exported).stat().st_size,
+            "max_logit_error": round(max(errs), 5), "top1_agreement": round(agree / total, 4),
+            "compared": total, "ms_per_draft_step_numpy": round(1000 * step_s / max(steps, 1), 3)}

@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/edgespec generate --target gemma3-270m --max-tokens 96 \
+	$(BIN)/edgespec generate --target gemma3-270m --draft default --compare --max-tokens 96 \
 	  --prompt "The history of the Roman Empire"
 
 test: setup

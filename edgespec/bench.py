@@ -59,10 +59,12 @@ def read_prompts(path: str | Path) -> list[dict]:
     return out
 
 
-def parse_methods(spec: str, drafts: list[str], k: int) -> list[Method]:
-    """'target,lookup,edgespec' -> Methods; each edgespec entry takes the next --draft."""
+def parse_methods(spec: str, drafts: list[str], k: int, policy: str = "fixed") -> list[Method]:
+    """'target,lookup,edgespec' -> Methods; each edgespec entry takes the next --draft.
+    `edgespec:cost` (or :fixed, :confidence) sets that entry's draft-length policy."""
     methods, di = [], 0
-    for name in [m.strip() for m in spec.split(",") if m.strip()]:
+    for item in [m.strip() for m in spec.split(",") if m.strip()]:
+        name, _, pol = item.partition(":")
         if name == "target":
             methods.append(Method("target", "target", k=0))
         elif name == "lookup":
@@ -70,10 +72,21 @@ def parse_methods(spec: str, drafts: list[str], k: int) -> list[Method]:
         elif name == "edgespec":
             draft = drafts[min(di, len(drafts) - 1)] if drafts else "default"
             di += 1
+            if pol and pol not in ("fixed", "confidence", "cost"):
+                raise EdgespecError(f"unknown draft policy '{pol}'; choose fixed, confidence, cost")
             label = "edgespec" if len(drafts) <= 1 else f"edgespec[{Path(draft).name}]"
-            methods.append(Method(label, "edgespec", draft=draft, k=k))
+            if pol:
+                label += f":{pol}"
+            methods.append(Method(label, "edgespec", draft=draft, k=k, policy=pol or policy))
         else:
-            raise EdgespecError(f"unknown method '{name}'; choose from target, lookup, edgespec")
+            raise EdgespecError(f"unknown method '{item}'; choose from target, lookup, edgespec")
+        if pol and name != "edgespec":
+            raise EdgespecError(f"method '{item}': only edgespec takes a policy")
+    seen: dict[str, int] = {}
+    for m in methods:  # labels key the report: make repeats unique
+        seen[m.name] = seen.get(m.name, 0) + 1
+        if seen[m.name] > 1:
+            m.name = f"{m.name}#{seen[m.name]}"
     if not methods or methods[0].kind != "target":
         if not any(m.kind == "target" for m in methods):
             methods.insert(0, Method("target", "target", k=0))
@@ -161,6 +174,7 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
                 "labels": {k: v for k, v in p.items() if k != "prompt"},
                 "tokens": s.tokens, "decode_s": s.decode_s, "prefill_s": s.prefill_s,
                 "verify_passes": s.verify_passes, "drafted": s.drafted, "accepted": s.accepted,
+                "draft_steps": s.draft_steps,
                 "accepted_at": s.accepted_at, "drafted_at": s.drafted_at, "draft_s": s.draft_s,
                 "verify_s": s.verify_s, "token_ids": g.token_ids,
             })
@@ -192,17 +206,17 @@ def _agg(rows: list[dict]) -> dict:
     acc_at = [sum(r["accepted_at"][i] for r in rows if i < len(r["accepted_at"])) for i in range(width)]
     dr_at = [sum(r["drafted_at"][i] for r in rows if i < len(r["drafted_at"])) for i in range(width)]
     drafted = sum(r["drafted"] for r in rows)
-    draft_calls = sum(1 for r in rows for _ in range(1)) or 1
+    steps = sum(r.get("draft_steps", r["drafted"]) for r in rows)
     return {
         "tokens": tokens, "decode_s": round(dec, 4),
         "prefill_s": round(sum(r["prefill_s"] for r in rows), 4),
         "tokens_per_s": round(tokens / dec, 3) if dec else 0.0,
         "mean_accepted": round(tokens / passes, 4) if passes else 0.0,
         "acceptance_by_position": [round(a / d, 4) if d else 0.0 for a, d in zip(acc_at, dr_at)],
-        "ms_per_draft_token": round(1000 * sum(r["draft_s"] for r in rows) / drafted, 3) if drafted else 0.0,
+        "ms_per_draft_step": round(1000 * sum(r["draft_s"] for r in rows) / steps, 3) if steps else 0.0,
         "ms_per_verify": round(1000 * sum(r["verify_s"] for r in rows) / passes, 3) if passes else 0.0,
-        "verify_passes": passes, "drafted": drafted, "accepted": sum(r["accepted"] for r in rows),
-        "_calls": draft_calls,
+        "verify_passes": passes, "drafted": drafted, "draft_steps": steps,
+        "accepted": sum(r["accepted"] for r in rows),
     }
 
 
@@ -212,7 +226,6 @@ def summarize(results: dict[str, MethodResult], greedy: bool) -> dict:
     for name, res in results.items():
         rows = res.per_prompt
         agg = _agg(rows)
-        agg.pop("_calls")
         ratios = [(r["tokens"] / r["decode_s"]) / (b["tokens"] / b["decode_s"])
                   for r, b in zip(rows, base) if r["decode_s"] > 0 and b["decode_s"] > 0]
         agg["speedup"] = round(statistics.median(ratios), 4) if ratios else 0.0
@@ -240,11 +253,12 @@ def summarize(results: dict[str, MethodResult], greedy: bool) -> dict:
 
 
 def format_table(report: dict) -> str:
-    rows = [("method", "tok/s", "speedup", "tok/pass", "accept by position", "ms/draft", "ms/verify", "same")]
+    rows = [("method", "tok/s", "speedup", "tok/pass", "accept by position", "ms/draft step",
+             "ms/verify", "same as target")]
     for name, m in report["methods"].items():
         rows.append((name, f"{m['tokens_per_s']:.1f}", f"{m['speedup']:.2f}x", f"{m['mean_accepted']:.2f}",
                      " ".join(f"{a:.2f}" for a in m["acceptance_by_position"][:6]) or "-",
-                     f"{m['ms_per_draft_token']:.2f}", f"{m['ms_per_verify']:.2f}",
+                     f"{m['ms_per_draft_step']:.2f}", f"{m['ms_per_verify']:.2f}",
                      f"{m.get('same_as_target_share', float('nan')):.2f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]

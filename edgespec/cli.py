@@ -28,19 +28,32 @@ def _cmd_info(args) -> int:
 def _cmd_generate(args) -> int:
     from edgespec.runtime.generate import generate
 
+    from edgespec.runtime.llama_target import LlamaTarget
+
     stream = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    res = generate(args.target, args.prompt, max_tokens=args.max_tokens,
-                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   seed=args.seed, stop=args.stop, n_ctx=args.n_ctx, n_threads=args.threads,
-                   draft=args.draft, k=args.k, on_text=stream)
+    engine = LlamaTarget(args.target, n_ctx=args.n_ctx, n_threads=args.threads)
+    kw = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+              top_p=args.top_p, seed=args.seed, stop=args.stop)
+    res = generate(engine, args.prompt, draft=args.draft, k=args.k, policy=args.policy,
+                   on_text=stream, **kw)
+    out = res.to_dict()
+    s = res.stats
+    line = (f"[{s.tokens} tokens, {s.tokens_per_s:.1f} tok/s, prefill {s.prefill_s * 1000:.0f} ms "
+            f"for {s.prompt_tokens} prompt tokens, draft: {res.draft}, "
+            f"mean accepted {s.mean_accepted:.2f} tokens/pass, finish: {s.finish_reason}]")
+    if args.compare and res.draft != "none":
+        base = generate(engine, args.prompt, draft="none", **kw)
+        speedup = s.tokens_per_s / base.stats.tokens_per_s if base.stats.tokens_per_s else 0.0
+        out.update(target_only_tokens_per_s=round(base.stats.tokens_per_s, 3),
+                   speedup=round(speedup, 4), same_as_target=base.token_ids == res.token_ids)
+        line += (f"\n[target-only in the same run: {base.stats.tokens_per_s:.1f} tok/s -> speedup "
+                 f"{speedup:.2f}x; output {'identical' if base.token_ids == res.token_ids else 'differs (llama.cpp batch numerics)'}]")
+    out["draft_policy"] = args.policy
     if args.json:
-        print(json.dumps(res.to_dict()))
+        print(json.dumps(out))
     else:
-        s = res.stats
         print()
-        print(f"[{s.tokens} tokens, {s.tokens_per_s:.1f} tok/s, prefill {s.prefill_s * 1000:.0f} ms "
-              f"for {s.prompt_tokens} prompt tokens, draft: {res.draft}, "
-              f"mean accepted {s.mean_accepted:.2f}, finish: {s.finish_reason}]", file=sys.stderr)
+        print(line, file=sys.stderr)
     return 0
 
 
@@ -103,10 +116,7 @@ def _cmd_bench(args) -> int:
     prompts = b.read_prompts(args.prompts or b.DEFAULT_PROMPTS)
     if args.limit:
         prompts = prompts[: args.limit]
-    methods = b.parse_methods(args.methods, args.draft or ["default"], args.k)
-    for m in methods:
-        if m.kind == "edgespec":
-            m.policy = args.policy
+    methods = b.parse_methods(args.methods, args.draft or ["default"], args.k, args.policy)
     device = None
     threads = args.threads
     if args.device:
@@ -243,7 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--draft", default="none",
                    help="none, lookup, default (the shipped head), or a head checkpoint folder")
-    s.add_argument("-k", "--k", type=int, default=4, help="draft length")
+    s.add_argument("-k", "--k", type=_positive_int, default=3, help="(maximum) draft length")
+    s.add_argument("--policy", default="fixed", choices=["fixed", "confidence", "cost"],
+                   help="draft length policy")
+    s.add_argument("--compare", action="store_true",
+                   help="also run target-only on the same prompt and report the speedup")
     s.add_argument("--json", action="store_true", help="print one JSON object at the end")
     s.set_defaults(func=_cmd_generate)
 
@@ -253,7 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="head folder or 'default' (repeat to compare heads)")
     s.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: shipped set)")
     s.add_argument("--max-new-tokens", type=_positive_int, default=128)
-    s.add_argument("--methods", default="target,lookup,edgespec")
+    s.add_argument("--methods", default="target,lookup,edgespec",
+                   help="comma list; edgespec:POLICY runs a head with its own policy")
     s.add_argument("--policy", default="fixed", help="draft length policy: fixed, confidence, cost")
     s.add_argument("-k", "--k", type=_positive_int, default=4, help="(maximum) draft length")
     s.add_argument("--threads", type=_positive_int, default=None)

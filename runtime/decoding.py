@@ -67,7 +67,8 @@ class Stats:
     prompt_tokens: int = 0
     tokens: int = 0  # emitted
     verify_passes: int = 0
-    drafted: int = 0
+    drafted: int = 0  # draft tokens sent to verification
+    draft_steps: int = 0  # draft tokens computed (a policy may trim some before verifying)
     accepted: int = 0
     accepted_at: list[int] = field(default_factory=list)  # accepted count per draft position
     drafted_at: list[int] = field(default_factory=list)
@@ -93,6 +94,7 @@ class Stats:
         return {
             "prompt_tokens": self.prompt_tokens, "tokens": self.tokens,
             "verify_passes": self.verify_passes, "drafted": self.drafted,
+            "draft_steps": self.draft_steps,
             "accepted": self.accepted, "mean_accepted": round(self.mean_accepted, 4),
             "acceptance_by_position": [round(x, 4) for x in self.acceptance_by_position()],
             "prefill_s": round(self.prefill_s, 4), "decode_s": round(self.decode_s, 4),
@@ -185,9 +187,14 @@ class Generation:
                     rows = np.concatenate(fresh_hidden) if fresh_hidden else None
                     fresh_hidden = []
                     draft = self.drafter.propose(context, rows, k, p_min=self.policy.p_min)
-                    n = min(k, self.policy.trim(draft))
+                    n_made = min(k, len(draft.tokens))
+                    n = min(n_made, self.policy.trim(draft))
                     draft.tokens, draft.q = draft.tokens[:n], draft.q[:n]
-                    st.draft_s += time.perf_counter() - td
+                    dt = time.perf_counter() - td
+                    st.draft_s += dt
+                    st.draft_steps += n_made
+                    if hasattr(self.policy, "observe_draft_time"):
+                        self.policy.observe_draft_time(dt, n_made)
                 tv = time.perf_counter()
                 base = len(t.tokens)
                 logits, hid = t.decode([pending] + draft.tokens, hidden=want_hidden,

@@ -93,26 +93,49 @@ def measure_verify_cost(engine, n_max: int, repeats: int = 5) -> list[float]:
 
 
 class CostAware(FixedK):
+    """Pick k before drafting from running per-position acceptance estimates, then trim the
+    drafted chain with the head's own confidences; both maximise expected tokens per second."""
+
     name = "cost"
 
-    def __init__(self, k: int, verify_cost: list[float], draft_step_s: float = 0.001):
+    def __init__(self, k: int, verify_cost: list[float], draft_step_s: float = 0.002,
+                 prior: float = 0.5, ema: float = 0.1):
         super().__init__(k)
         if len(verify_cost) < k + 1:
             raise ValueError("verify_cost needs k + 1 entries")
         self.c = verify_cost
         self.draft_step_s = draft_step_s
+        self.acc = [prior] * k  # P(draft j accepted | drafts before it accepted)
+        self.ema = ema
 
-    def trim(self, draft) -> int:
-        conf = draft.conf or [1.0] * len(draft.tokens)
+    def _best(self, probs: list[float]) -> int:
         best_k, best = 0, 1.0 / self.c[0]
         expected, survive = 1.0, 1.0
-        for j, p in enumerate(conf[: len(draft.tokens)], 1):
+        for j, p in enumerate(probs, 1):
             survive *= p
             expected += survive
             rate = expected / (self.c[j] + j * self.draft_step_s)
             if rate > best:
                 best_k, best = j, rate
         return best_k
+
+    def next_k(self) -> int:
+        # Probe with one draft now and then even when estimates say 0, so they can recover.
+        return max(self._best(self.acc), 1 if self.k else 0)
+
+    def trim(self, draft) -> int:
+        if not draft.conf:
+            return len(draft.tokens)
+        return self._best([min(p, a) for p, a in zip(draft.conf, self.acc)])
+
+    def update(self, drafted: int, accepted: int) -> None:
+        for j in range(min(drafted, accepted + 1)):
+            hit = 1.0 if j < accepted else 0.0
+            self.acc[j] += self.ema * (hit - self.acc[j])
+
+    def observe_draft_time(self, seconds: float, steps: int) -> None:
+        if steps:
+            self.draft_step_s += self.ema * (seconds / steps - self.draft_step_s)
 
 
 def make_policy(name: str, k: int, engine=None):

@@ -1,0 +1,77 @@
+"""Regenerate the README's Results tables from the committed JSON in results/.
+
+Run: .venv/bin/python scripts/results_table.py   (rewrites the block between the markers)
+"""
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def bench_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    m0 = r["machine"]
+    lines = [f"`{path.relative_to(ROOT)}`: target file `{r['target']['file']}` (LM head "
+             f"{r['target']['lm_head_type']}), {r['settings']['prompts']} prompts, "
+             f"{r['settings']['max_new_tokens']} new tokens, {m0['cpu']}, {m0['threads']} threads",
+             "",
+             "| method | tok/s | speedup vs target-only | tokens/pass | acceptance by position | "
+             "ms/draft step | ms/verify | same output as target | code | prose | chat |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in r["methods"].items():
+        kinds = {k: f"{v['speedup']:.2f}x" for k, v in m["by_kind"].items()}
+        acc = " ".join(f"{a:.2f}" for a in m["acceptance_by_position"]) or "-"
+        lines.append(f"| {name} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | "
+                     f"{m['mean_accepted']:.2f} | {acc} | {m['ms_per_draft_step']:.2f} | "
+                     f"{m['ms_per_verify']:.2f} | {m.get('same_as_target_share', 0):.2f} | "
+                     f"{kinds.get('code', '-')} | {kinds.get('prose', '-')} | {kinds.get('chat', '-')} |")
+    mem = r["memory"]
+    lines.append("")
+    lines.append(f"RSS after loading the target {mem['rss_after_target_mb']:.0f} MB, after the "
+                 f"drafters {mem['rss_after_drafters_mb']:.0f} MB "
+                 f"(+{100 * mem['drafters_share_of_target']:.0f}%), peak {mem['peak_rss_mb']:.0f} MB.")
+    return "\n".join(lines)
+
+
+def export_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    ks = range(1, len(r["verify_ms_source"]) + 1)
+    return "\n".join([
+        f"`{path.relative_to(ROOT)}`: LM head {r['source_head_type']} -> {r['head_type']} "
+        f"({r['mode']}), top-1 agreement with the original {r['top1_agreement']:.3f} on held-out "
+        f"text, size {r['size_source'] / 2**20:.0f} -> {r['size_out'] / 2**20:.0f} MB, {r['threads']} threads",
+        "",
+        "| k (tokens checked in one decode) | " + " | ".join(str(k) for k in ks) + " |",
+        "|---|" + "---|" * len(ks),
+        "| c(k) ms, shipped file | " + " | ".join(f"{x:.1f}" for x in r["verify_ms_source"]) + " |",
+        f"| c(k) ms, {r['head_type']} head | " + " | ".join(f"{x:.1f}" for x in r["verify_ms_out"]) + " |",
+    ])
+
+
+def main():
+    parts = []
+    for p in sorted((ROOT / "results").glob("export-target-*.json")):
+        parts.append(export_table(p))
+    for p in sorted((ROOT / "results").glob("bench-*.json")):
+        parts.append(bench_table(p))
+    for p in sorted((ROOT / "results").glob("eval-head-*.json")):
+        r = json.loads(p.read_text())
+        parts.append(f"`{p.relative_to(ROOT)}` (offline, held-out features): acceptance by position "
+                     + " ".join(f"{a:.3f}" for a in r["acceptance_by_position"])
+                     + "; expected accepted drafts for k = 1..8: "
+                     + " ".join(f"{v:.2f}" for v in r["expected_accepted"].values()))
+    block = BEGIN + "\n" + "\n\n".join(parts) + "\n" + END
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    if BEGIN in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = text.replace("RESULTS_TABLES", block)
+    readme.write_text(text)
+    print(block)
+
+
+if __name__ == "__main__":
+    main()

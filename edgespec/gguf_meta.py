@@ -185,4 +185,5 @@ class TensorRows:
 
     def __getitem__(self, rows) -> np.ndarray:
         """rows: int array or slice -> float32 [n, n_cols]."""
-        return self._dequantize(np.asarray(self._raw[rows]), self.qtype).astype(np.float32, copy=False)
+        out = self._dequantize(np.asarray(self._raw[rows]), self.qtype).astype(np.float32, copy=False)
+        return out if out.flags.writeable else out.copy()  # F32 rows are views of the file

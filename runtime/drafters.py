@@ -7,7 +7,6 @@ last call, and proposes up to k tokens.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +37,7 @@ class PromptLookup:
     the tokens that followed it."""
 
     needs_hidden = False
+    name = "lookup"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram

@@ -60,9 +60,7 @@ def make_drafter(draft: str | None, spec):
     if draft in (None, "", "none"):
         return None
     if draft == "lookup":
-        d = PromptLookup()
-        d.name = "lookup"
-        return d
+        return PromptLookup()
     if draft == "default":
         return HeadDrafter(default_head(spec), spec)
     return HeadDrafter(draft, spec)

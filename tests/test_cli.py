@@ -74,3 +74,39 @@ def test_generate_gemma_json():
     d = json.loads(res.stdout)
     assert d["tokens"] == 8 and len(d["token_ids"]) == 8 and d["text"].strip()
     assert d["tokens_per_s"] > 0 and d["mean_accepted"] == 1.0
+
+
+@pytest.mark.integration
+def test_heads_are_checked_against_their_target(tmp_path):
+    from edgespec.runtime.drafters import HEADS_DIR
+
+    gemma_head = next(HEADS_DIR.glob("gemma3-270m/*.gguf"))
+    res = edgespec("generate", "--target", "smollm2-135m", "--prompt", "hi", "--draft", str(gemma_head))
+    assert_usage_error(res, "trained for target")
+    assert_usage_error(edgespec("generate", "--target", "smollm2-135m", "--prompt", "hi",
+                                "--draft", "default"), "no default head")
+    assert_usage_error(edgespec("generate", "--target", "gemma3-270m", "--prompt", "hi",
+                                "--draft", str(tmp_path)), "not a head checkpoint")
+
+
+@pytest.mark.integration
+def test_generate_with_default_head_and_bench(tmp_path):
+    import json
+
+    res = edgespec("generate", "--target", "gemma3-270m", "--prompt", "def add(a, b):",
+                   "--max-tokens", "12", "--draft", "default", "--compare", "--json")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["tokens"] == 12 and d["mean_accepted"] >= 1.0 and "speedup" in d
+    assert d["draft"].endswith(".gguf") and d["draft_policy"] == "fixed"
+    out = tmp_path / "b.json"
+    res = edgespec("bench", "--target", "gemma3-270m", "--limit", "2", "--max-new-tokens", "8",
+                   "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    rep = json.loads(out.read_text())
+    assert set(rep["methods"]) == {"target", "lookup", "edgespec"}
+    assert rep["methods"]["target"]["tokens"] == 16 and rep["machine"]["threads"] >= 1
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"oops": 1}\n')
+    assert_usage_error(edgespec("bench", "--target", "gemma3-270m", "--prompts", str(bad)), "p.jsonl:2")
+    assert_usage_error(edgespec("bench", "--target", "gemma3-270m", "--device", "toaster"), "unknown device")

@@ -1,0 +1,24 @@
+"""Integration: the SmolLM2-135M-Instruct target (llama architecture, chat template)."""
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_smollm2_spec_chat_and_generation():
+    from edgespec.chat import render_chat
+    from edgespec.runtime.generate import generate
+    from edgespec.runtime.llama_target import LlamaTarget
+    from edgespec.targets import load_target_spec
+
+    spec = load_target_spec("smollm2-135m")
+    assert spec.arch == "llama" and spec.n_vocab == 49152 and spec.sliding_window is None
+    assert set(spec.layer_types) == {"global"} and spec.chat_template
+    prompt = render_chat(spec, [{"role": "user", "content": "Name a colour."}])
+    assert "<|im_start|>user\nName a colour.<|im_end|>" in prompt
+    assert prompt.rstrip().endswith("<|im_start|>assistant")
+    engine = LlamaTarget("smollm2-135m", n_ctx=512)
+    res = generate(engine, prompt, max_tokens=12)
+    assert res.stats.tokens >= 1 and res.text.strip()
+    lookup = generate(engine, prompt, max_tokens=12, draft="lookup")
+    assert lookup.stats.tokens >= 1

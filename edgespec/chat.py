@@ -20,3 +20,69 @@ def render_chat(spec: TargetSpec, messages: list[dict], add_generation_prompt: b
                            bos_token="", eos_token="")
     except jinja2.TemplateError as e:
         raise EdgespecError(f"the target's chat template failed to render ({e})") from None
+
+
+class ChatSession:
+    """A multi-turn chat over one loaded target and drafter (what `edgespec chat` drives).
+
+    Chat models get their own template; base models continue a plain "User:/Assistant:"
+    transcript and stop at the next "User:" line.
+    """
+
+    def __init__(self, engine, drafter=None, policy: str = "fixed", k: int = 3,
+                 max_tokens: int = 256, temperature: float = 0.0, seed: int | None = None):
+        from edgespec.runtime.sampling import SamplingParams
+
+        self.engine, self.drafter, self.policy_name, self.k = engine, drafter, policy, k
+        self.max_tokens = max_tokens
+        self.sampling = SamplingParams(temperature=temperature, seed=seed)
+        self.messages: list[dict] = []
+        self.totals = {"replies": 0, "tokens": 0, "decode_s": 0.0, "verify_passes": 0}
+
+    def prompt_text(self) -> str:
+        spec = self.engine.spec
+        if spec.chat_template:
+            return render_chat(spec, self.messages)
+        turns = [f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}" for m in self.messages]
+        return "\n".join(turns) + "\nAssistant:"
+
+    def reply(self, text: str, on_text=None):
+        """Add a user turn and stream the answer; returns the Generation (its stats filled in).
+        A KeyboardInterrupt stops the reply early and keeps what was said so far."""
+        from edgespec.runtime.decoding import Generation
+        from edgespec.runtime.policies import make_policy
+
+        if not text.strip():
+            raise EdgespecError("empty message")
+        self.messages.append({"role": "user", "content": text})
+        ids = self.engine.tokenize(self.prompt_text())
+        if len(ids) + 8 >= self.engine.n_ctx:
+            self.messages.pop()
+            raise EdgespecError("the conversation no longer fits the context; /reset to start over")
+        stop = None if self.engine.spec.chat_template else ["\nUser:"]
+        policy = make_policy(self.policy_name, self.k if self.drafter else 0, self.engine)
+        gen = Generation(self.engine, ids, self.sampling, max_tokens=self.max_tokens,
+                         drafter=self.drafter, policy=policy, stop=stop)
+        try:
+            for _, piece in gen:
+                if on_text and piece:
+                    on_text(piece)
+        except KeyboardInterrupt:
+            gen.stats.finish_reason = "interrupted"
+        self.messages.append({"role": "assistant", "content": gen.text.strip()})
+        t = self.totals
+        t["replies"] += 1
+        t["tokens"] += gen.stats.tokens
+        t["decode_s"] += gen.stats.decode_s
+        t["verify_passes"] += gen.stats.verify_passes
+        return gen
+
+    def reset(self) -> None:
+        self.messages = []
+
+    def stats_line(self) -> str:
+        t = self.totals
+        rate = t["tokens"] / t["decode_s"] if t["decode_s"] else 0.0
+        per = t["tokens"] / t["verify_passes"] if t["verify_passes"] else 0.0
+        return (f"{t['replies']} replies, {t['tokens']} tokens, {rate:.1f} tok/s, "
+                f"{per:.2f} tokens per target pass, {len(self.messages)} messages in history")

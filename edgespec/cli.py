@@ -110,6 +110,50 @@ def _cmd_eval_head(args) -> int:
     return 0
 
 
+def _cmd_chat(args) -> int:
+    from edgespec.chat import ChatSession
+    from edgespec.runtime.generate import make_drafter
+    from edgespec.runtime.llama_target import LlamaTarget
+
+    engine = LlamaTarget(args.target, n_ctx=args.n_ctx, n_threads=args.threads)
+    session = ChatSession(engine, make_drafter(args.draft, engine.spec), policy=args.policy,
+                          k=args.k, max_tokens=args.max_tokens, temperature=args.temperature,
+                          seed=args.seed)
+    mode = "chat template" if engine.spec.chat_template else "plain continuation (base model)"
+    print(f"edgespec chat: {engine.spec.name}, {mode}, draft: {args.draft}. "
+          "Commands: /reset /stats /quit; Ctrl-C stops a reply.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            continue
+        cmd = line.strip()
+        if not cmd:
+            continue
+        if cmd in ("/quit", "/exit"):
+            break
+        if cmd == "/reset":
+            session.reset()
+            print("[history cleared]", file=sys.stderr)
+            continue
+        if cmd == "/stats":
+            print(f"[{session.stats_line()}]", file=sys.stderr)
+            continue
+        try:
+            gen = session.reply(cmd, on_text=lambda p: (sys.stdout.write(p), sys.stdout.flush()))
+        except EdgespecError as e:
+            print(f"edgespec: {e}", file=sys.stderr)
+            continue
+        s = gen.stats
+        print()
+        print(f"[{s.tokens} tokens, {s.tokens_per_s:.1f} tok/s, {s.mean_accepted:.2f} tokens/pass, "
+              f"{s.finish_reason}]", file=sys.stderr)
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from edgespec import bench as b
 
@@ -260,6 +304,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run target-only on the same prompt and report the speedup")
     s.add_argument("--json", action="store_true", help="print one JSON object at the end")
     s.set_defaults(func=_cmd_generate)
+
+    s = sub.add_parser("chat", help="interactive streaming chat in the terminal")
+    s.add_argument("--target", required=True)
+    s.add_argument("--draft", default="lookup",
+                   help="none, lookup (default), default (the shipped head), or a head path")
+    s.add_argument("--policy", default="fixed", choices=["fixed", "confidence", "cost"])
+    s.add_argument("-k", "--k", type=_positive_int, default=3)
+    s.add_argument("--max-tokens", type=_positive_int, default=256)
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--n-ctx", type=_positive_int, default=4096)
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.set_defaults(func=_cmd_chat)
 
     s = sub.add_parser("bench", help="tokens/s and acceptance: target-only vs lookup vs heads")
     s.add_argument("--target", required=True)

@@ -22,3 +22,16 @@ def test_smollm2_spec_chat_and_generation():
     assert res.stats.tokens >= 1 and res.text.strip()
     lookup = generate(engine, prompt, max_tokens=12, draft="lookup")
     assert lookup.stats.tokens >= 1
+
+
+def test_chat_cli_session_commands():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "edgespec", "chat", "--target", "smollm2-135m",
+                          "--max-tokens", "8"], input="Hello!\n/stats\n/reset\n/stats\nBye\n",
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "[history cleared]" in res.stderr
+    assert "2 messages in history" in res.stderr and "0 messages in history" in res.stderr
+    assert res.stderr.count("tokens/pass") == 2  # one stats line per reply

@@ -217,3 +217,29 @@ class Features:
         names = ["hidden"] if self.dtype == "fp16" else ["q", "scale"]
         arrays = {n: f.get_slice(n)[a:b] for n in names}
         return dequantize(arrays, self.dtype, self.group)
+
+
+def requantize(src: str | Path, out: str | Path, dtype: str, group_size: int = 32) -> dict:
+    """Write a copy of a features folder in another storage type (e.g. fp16 -> int8), shard by
+    shard, without running the target again. Used by the storage ablation."""
+    from safetensors.numpy import save_file
+
+    if dtype not in DTYPES:
+        raise EdgespecError(f"unknown dtype {dtype}; choose one of {', '.join(DTYPES)}")
+    feats = Features(src)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    m = dict(feats.manifest, dtype=dtype, group_size=group_size, shards=[],
+             requantized_from=f"{src} ({feats.dtype})")
+    for i, s in enumerate(feats.manifest["shards"]):
+        f = feats._shards[i]
+        names = ["hidden"] if feats.dtype == "fp16" else ["q", "scale"]
+        hidden = dequantize({n: f.get_tensor(n) for n in names}, feats.dtype, feats.group)
+        arrays = quantize(hidden, dtype, group_size)
+        arrays["tokens"], arrays["seq"] = f.get_tensor("tokens"), f.get_tensor("seq")
+        atomic_write(out / s["file"], lambda tmp: save_file(arrays, tmp))
+        m["shards"].append(dict(s, sha256=_sha256(out / s["file"])))
+    size = sum((out / s["file"]).stat().st_size for s in m["shards"])
+    m.update(bytes=size, bytes_per_token=round(size / max(m["tokens"], 1), 2))
+    atomic_write_text(out / "manifest.json", json.dumps(m, indent=1))
+    return m

@@ -124,3 +124,19 @@ def test_bad_features_are_refused(tiny):
     (feats / "manifest.json").write_text(json.dumps({"complete": False}))
     with pytest.raises(EdgespecError, match="incomplete"):
         Features(feats)
+
+
+def test_requantize_fp16_to_int8_and_int4(tiny):
+    from edgespec.features import requantize
+
+    _, spec, _, tmp = tiny
+    src = write_features(tmp / "f16", spec, dtype="fp16")
+    ref = Features(src)
+    for dtype, tol in (("int8", 0.03), ("int4", 0.3)):
+        m = requantize(src, tmp / dtype, dtype, 16)
+        got = Features(tmp / dtype)
+        assert got.dtype == dtype and m["bytes_per_token"] < ref.manifest.get("bytes_per_token", 1e9)
+        for i in range(len(ref)):
+            assert (got.tokens[i] == ref.tokens[i]).all()
+            a, b = ref.hidden(i), got.hidden(i)
+            assert np.abs(a - b).max() <= tol * np.abs(a).max()

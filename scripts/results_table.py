@@ -62,6 +62,20 @@ def main():
                      + " ".join(f"{a:.3f}" for a in r["acceptance_by_position"])
                      + "; expected accepted drafts for k = 1..8: "
                      + " ".join(f"{v:.2f}" for v in r["expected_accepted"].values()))
+    abl = ROOT / "results" / "ablation-storage.json"
+    if abl.exists():
+        r = json.loads(abl.read_text())
+        rows = ["Storage ablation (`results/ablation-storage.json`, `scripts/storage_ablation.sh`): same "
+                f"data, {r['steps']} training steps each, evaluated on the same held-out fp16 features.",
+                "", "| hidden states | bytes/token | vs fp16 | expected accepted, k=1 | k=2 | k=4 | k=8 |",
+                "|---|---|---|---|---|---|---|"]
+        base = r["rows"]["fp16"]
+        for d, row in r["rows"].items():
+            e = row["expected_accepted"]
+            rows.append(f"| {d} | {row['bytes_per_token']:.0f} | "
+                        f"{base['bytes_per_token'] / row['bytes_per_token']:.2f}x smaller | "
+                        f"{e['1']:.3f} | {e['2']:.3f} | {e['4']:.3f} | {e['8']:.3f} |")
+        parts.append("\n".join(rows))
     block = BEGIN + "\n" + "\n\n".join(parts) + "\n" + END
     readme = ROOT / "README.md"
     text = readme.read_text()

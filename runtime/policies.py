@@ -99,8 +99,9 @@ class CostAware(FixedK):
     name = "cost"
 
     def __init__(self, k: int, verify_cost: list[float], draft_step_s: float = 0.002,
-                 prior: float = 0.5, ema: float = 0.1):
+                 prior: float = 0.5, ema: float = 0.1, probe_every: int = 16):
         super().__init__(k)
+        self.probe_every, self._since_probe = probe_every, 0
         if len(verify_cost) < k + 1:
             raise ValueError("verify_cost needs k + 1 entries")
         self.c = verify_cost
@@ -120,8 +121,15 @@ class CostAware(FixedK):
         return best_k
 
     def next_k(self) -> int:
-        # Probe with one draft now and then even when estimates say 0, so they can recover.
-        return max(self._best(self.acc), 1 if self.k else 0)
+        best = self._best(self.acc)
+        if best or not self.k:
+            return best
+        # Estimates say "don't draft": probe with one draft now and then so they can recover.
+        self._since_probe += 1
+        if self._since_probe >= self.probe_every:
+            self._since_probe = 0
+            return 1
+        return 0
 
     def trim(self, draft) -> int:
         if not draft.conf:

@@ -1,0 +1,23 @@
+"""Draft-length policies: the cost-aware choice follows measured costs and acceptance."""
+
+from edgespec.runtime.decoding import Draft
+from edgespec.runtime.policies import CostAware
+
+
+def test_cost_policy_drafts_when_verification_is_cheap_and_drafts_good():
+    cheap = CostAware(4, [0.010, 0.011, 0.012, 0.013, 0.014], draft_step_s=0.0005, prior=0.8)
+    assert cheap.next_k() == 4
+    dear = CostAware(4, [0.010, 0.020, 0.030, 0.040, 0.050], draft_step_s=0.002, prior=0.5)
+    ks = [dear.next_k() for _ in range(32)]
+    assert ks.count(0) == 30 and ks.count(1) == 2  # only the periodic probes draft
+
+
+def test_cost_policy_learns_from_acceptance_and_trims_by_confidence():
+    p = CostAware(3, [0.010, 0.013, 0.016, 0.019], draft_step_s=0.001, prior=0.5)
+    for _ in range(60):
+        p.update(3, 3)  # every draft accepted
+    assert p.next_k() == 3
+    assert p.trim(Draft([1, 2, 3], conf=[0.95, 0.9, 0.05])) == 2
+    for _ in range(200):
+        p.update(3, 0)  # every first draft rejected
+    assert p.acc[0] < 0.05 and p._best(p.acc) == 0

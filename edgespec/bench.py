@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
-from edgespec.io import atomic_write_text, progress
+from edgespec.io import atomic_write_text, progress, read_prompt_lines
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent / "bench_prompts.jsonl"
 
@@ -40,20 +40,7 @@ class MethodResult:
 
 
 def read_prompts(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
-        raise EdgespecError(f"{path}: no such prompt file")
-    out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise EdgespecError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
-            raise EdgespecError(f"{path}:{i}: each line needs a non-empty string field 'prompt'")
-        out.append(obj)
+    out = [obj for _, obj in read_prompt_lines(path, nonempty=True)]
     if not out:
         raise EdgespecError(f"{path}: no prompts")
     return out

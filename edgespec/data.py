@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
-from edgespec.io import atomic_write_text, progress, read_json
+from edgespec.io import atomic_write_text, progress, read_json, read_prompt_lines
 
 STDLIB = "stdlib"
 
@@ -86,19 +86,8 @@ def read_prompt_source(src: str) -> list[dict]:
     if not path.is_file():
         raise EdgespecError(f"{src}: no such prompt file (give .jsonl, .txt, or 'stdlib')")
     if path.suffix == ".jsonl":
-        out = []
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EdgespecError(f"{src}:{i}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-                raise EdgespecError(f"{src}:{i}: each line needs a string field 'prompt'")
-            out.append({"text": obj["prompt"], "kind": str(obj.get("kind", "text")),
-                        "source": f"{path.name}:{i}"})
-        return out
+        return [{"text": obj["prompt"], "kind": str(obj.get("kind", "text")),
+                 "source": f"{path.name}:{i}"} for i, obj in read_prompt_lines(path)]
     text = path.read_text(encoding="utf-8", errors="replace")
     paras = [p.strip() for p in text.split("\n\n") if len(p.strip()) >= 80]
     return [{"text": p, "kind": "text", "source": f"{path.name}:{j}"} for j, p in enumerate(paras)]

@@ -54,3 +54,25 @@ def progress(total: int, desc: str, unit: str = "it", initial: int = 0):
 
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr,
                 dynamic_ncols=True, disable=os.environ.get("EDGESPEC_NO_PROGRESS") == "1")
+
+
+def read_prompt_lines(path: str | Path, nonempty: bool = False) -> list[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL prompt file; every object needs
+    a string field `prompt` (non-empty if asked). Errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise EdgespecError(f"{path}: no such prompt file")
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EdgespecError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or (
+                nonempty and not obj["prompt"].strip()):
+            need = "a non-empty string field 'prompt'" if nonempty else "a string field 'prompt'"
+            raise EdgespecError(f"{path}:{i}: each line needs {need}")
+        out.append((i, obj))
+    return out

@@ -23,6 +23,7 @@ from gguf.constants import GGMLQuantizationType
 
 from edgespec.errors import EdgespecError
 from edgespec.gguf_meta import read_header
+from edgespec.runtime.policies import verify_cost_curve
 from edgespec.targets import load_target_spec
 
 HEAD_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "BF16", "F16")
@@ -125,24 +126,6 @@ def add_untied_head(src: str | Path, out: str | Path, head_type: str) -> None:
     if spec_from_header(new).tokenizer_fingerprint != spec_from_header(header).tokenizer_fingerprint:
         Path(out).unlink()
         raise EdgespecError("the rewritten vocabulary does not match the source; export aborted")
-
-
-def verify_cost_curve(engine, k_max: int = 8, repeats: int = 7) -> list[float]:
-    """Median ms of one decode of k tokens with logits at every position, k = 1..k_max."""
-    engine.reset()
-    engine.prefill(engine.tokenize("A short context so that the cache is not empty: " * 4))
-    base = len(engine.tokens)
-    out = []
-    for k in range(1, k_max + 1):
-        times = []
-        for r in range(repeats + 1):
-            t0 = time.perf_counter()
-            engine.decode([1000 + 7 * i for i in range(k)], hidden=True, copy=False)
-            if r:
-                times.append(1000 * (time.perf_counter() - t0))
-            engine.truncate(base)
-        out.append(round(float(np.median(times)), 3))
-    return out
 
 
 def top1_agreement(a, b, texts: list[str], max_tokens: int = 2048) -> float:

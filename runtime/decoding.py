@@ -193,8 +193,7 @@ class Generation:
                     dt = time.perf_counter() - td
                     st.draft_s += dt
                     st.draft_steps += n_made
-                    if hasattr(self.policy, "observe_draft_time"):
-                        self.policy.observe_draft_time(dt, n_made)
+                    self.policy.observe_draft_time(dt, n_made)
                 tv = time.perf_counter()
                 base = len(t.tokens)
                 logits, hid = t.decode([pending] + draft.tokens, hidden=want_hidden,

@@ -41,6 +41,9 @@ class FixedK:
     def update(self, drafted: int, accepted: int) -> None:
         pass
 
+    def observe_draft_time(self, seconds: float, steps: int) -> None:
+        pass
+
 
 class Confidence(FixedK):
     name = "confidence"
@@ -55,8 +58,29 @@ def _cache_path() -> Path:
     return base / "verify_cost.json"
 
 
+def verify_cost_curve(engine, k_max: int = 8, repeats: int = 7) -> list[float]:
+    """Median ms of one decode of k tokens with logits at every position, k = 1..k_max.
+    Leaves the engine's cache empty."""
+    engine.reset()
+    engine.prefill(engine.tokenize("A short context so that the cache is not empty: " * 4))
+    base = len(engine.tokens)
+    out = []
+    for k in range(1, k_max + 1):
+        times = []
+        for r in range(repeats + 1):
+            t0 = time.perf_counter()
+            engine.decode([1000 + 7 * i for i in range(k)], hidden=True, copy=False)
+            if r:  # the first run warms up
+                times.append(1000 * (time.perf_counter() - t0))
+            engine.truncate(base)
+        out.append(round(float(np.median(times)), 3))
+    engine.reset()
+    return out
+
+
 def measure_verify_cost(engine, n_max: int, repeats: int = 5) -> list[float]:
-    """Median seconds of one decode of n tokens with logits at every position, n = 1..n_max."""
+    """Seconds per verify of n = 1..n_max tokens on this machine, cached per target file and
+    thread count."""
     key = f"{Path(engine.spec.path).resolve()}|{os.path.getsize(engine.spec.path)}|t{engine.n_threads}|n{n_max}"
     path = _cache_path()
     try:
@@ -66,20 +90,7 @@ def measure_verify_cost(engine, n_max: int, repeats: int = 5) -> list[float]:
     if key in cached:
         return cached[key]
     saved = list(engine.tokens)
-    engine.reset()
-    engine.prefill(engine.tokenize("Measuring the cost of a verify pass on this machine."))
-    base = len(engine.tokens)
-    costs = []
-    for n in range(1, n_max + 1):
-        times = []
-        for r in range(repeats + 1):
-            t0 = time.perf_counter()
-            engine.decode([1000 + i for i in range(n)], hidden=True)
-            if r:  # the first run warms up
-                times.append(time.perf_counter() - t0)
-            engine.truncate(base)
-        costs.append(float(np.median(times)))
-    engine.reset()
+    costs = [ms / 1000 for ms in verify_cost_curve(engine, n_max, repeats)]
     engine.prefill(saved)
     cached[key] = costs
     try:

@@ -26,12 +26,10 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_generate(args) -> int:
-    from edgespec.runtime.generate import generate
-
-    from edgespec.runtime.llama_target import LlamaTarget
+    from edgespec.runtime.generate import generate, open_target
 
     stream = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    engine = LlamaTarget(args.target, n_ctx=args.n_ctx, n_threads=args.threads)
+    engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads)
     kw = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, stop=args.stop)
     res = generate(engine, args.prompt, draft=args.draft, k=args.k, policy=args.policy,
@@ -112,10 +110,9 @@ def _cmd_eval_head(args) -> int:
 
 def _cmd_chat(args) -> int:
     from edgespec.chat import ChatSession
-    from edgespec.runtime.generate import make_drafter
-    from edgespec.runtime.llama_target import LlamaTarget
+    from edgespec.runtime.generate import make_drafter, open_target
 
-    engine = LlamaTarget(args.target, n_ctx=args.n_ctx, n_threads=args.threads)
+    engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads)
     session = ChatSession(engine, make_drafter(args.draft, engine.spec), policy=args.policy,
                           k=args.k, max_tokens=args.max_tokens, temperature=args.temperature,
                           seed=args.seed)
@@ -240,16 +237,28 @@ def _cmd_export(args) -> int:
 
         r = export_target(args.source, args.out, head_type=args.head_type, threads=args.threads,
                           check=not args.no_check, mode=args.mode)
-    elif args.kind == "gguf":
-        from edgespec.exporters.gguf_head import check_head_export, write_head_gguf
+    elif args.kind == "onnx-target":
+        from edgespec.exporters.onnx_target import export_onnx_target
 
-        r = write_head_gguf(args.source, args.out, quant=args.quant or "q8_0")
+        r = export_onnx_target(args.source, args.out, quant=args.quant or "int8",
+                               check=not args.no_check, log=lambda m: print(m, file=sys.stderr))
+    elif args.kind in ("gguf", "onnx"):
+        from edgespec.exporters.check import check_head_export
+
+        if args.check and not args.features:
+            raise EdgespecError("--check needs --features DIR (recorded inputs)")
+        if args.kind == "gguf":
+            from edgespec.exporters.gguf_head import write_head_gguf
+
+            r = write_head_gguf(args.source, args.out, quant=args.quant or "q8_0")
+        else:
+            from edgespec.exporters.onnx_head import write_head_onnx
+
+            r = write_head_onnx(args.source, args.out, quant=args.quant or "int8")
         if args.check:
-            if not args.features:
-                raise EdgespecError("--check needs --features DIR (recorded inputs)")
             r["check"] = check_head_export(args.source, args.out, args.features)
     else:
-        raise EdgespecError(f"export {args.kind}: not available yet (gguf, target)")
+        raise EdgespecError(f"unknown export kind {args.kind}")
     if args.json:
         print(json.dumps(r, indent=1))
     else:
@@ -341,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("kind", choices=["gguf", "onnx", "target", "onnx-target"])
     s.add_argument("source", help="head checkpoint folder, or a target for `target`")
     s.add_argument("--out", required=True)
-    s.add_argument("--quant", default=None, help="gguf: f16, q8_0 (default), q4_0")
+    s.add_argument("--quant", default=None, help="gguf: f16, q8_0 (default), q4_0; onnx, onnx-target: fp32, int8 (default), int4")
     s.add_argument("--head-type", default="Q4_0", help="target: LM head tensor type")
     s.add_argument("--mode", default="untie", choices=["untie", "requantize"],
                    help="target: add a separate LM head (default) or re-quantize the tied one")
@@ -392,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", required=True)
     s.add_argument("--features", required=True)
     s.add_argument("--out", required=True)
-    s.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"])
+    s.add_argument("--optimizer", default="muon", choices=["adamw", "muon"])
     s.add_argument("--steps", type=_positive_int, default=800)
     s.add_argument("--batch", type=_positive_int, default=4)
     s.add_argument("--unroll", type=_positive_int, default=4, help="draft steps unrolled")

@@ -47,6 +47,7 @@ class Draft:
     # the proposal was deterministic (a one-hot q). Only sampling reads it.
     q: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)
     conf: list[float] = field(default_factory=list)  # the drafter's top probability per step
+    source: str = ""  # which drafter made it ("lookup", "head"): policies keep apart estimates
 
 
 class Drafter(Protocol):
@@ -207,7 +208,7 @@ class Generation:
                 st.verify_s += time.perf_counter() - tv
                 st.verify_passes += 1
                 self._count(len(draft.tokens), n_acc)
-                self.policy.update(len(draft.tokens), n_acc)
+                self.policy.update(len(draft.tokens), n_acc, draft.source)
                 if hid is not None:
                     fresh_hidden.append(hid[:n_acc + 1].copy())
                 for tok in draft.tokens[:n_acc] + [nxt]:

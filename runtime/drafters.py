@@ -7,6 +7,7 @@ last call, and proposes up to k tokens.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +20,25 @@ from edgespec.runtime.decoding import Draft
 HEADS_DIR = Path(__file__).resolve().parent / "heads"
 
 
+def head_fingerprint(path: Path) -> str | None:
+    """The target fingerprint stored in a head file (GGUF or ONNX), None if it has none."""
+    if path.suffix == ".gguf":
+        return read_header(path).metadata.get("edgespec-mtp.target_fingerprint")
+    if path.suffix == ".onnx":
+        try:
+            return OnnxHead(path).info["target_fingerprint"]
+        except EdgespecError:
+            return None
+    return None
+
+
 def default_head(spec) -> Path:
-    """The head shipped for this target: a GGUF under runtime/heads/*/ whose fingerprint matches."""
+    """The head shipped for this target: a file under runtime/heads/*/ whose fingerprint
+    matches; the ONNX export first (its int8 draft step is the fastest measured), else GGUF."""
     if HEADS_DIR.is_dir():
         for d in sorted(HEADS_DIR.iterdir()):
-            for f in sorted(d.glob("*.gguf")):
-                fp = read_header(f).metadata.get("edgespec-mtp.target_fingerprint")
-                if fp == spec.tokenizer_fingerprint:
+            for f in sorted(d.glob("*.onnx")) + sorted(d.glob("*.gguf")):
+                if head_fingerprint(f) == spec.tokenizer_fingerprint:
                     return f
     raise EdgespecError(f"no default head ships for target {spec.name}; train one with "
                         "`edgespec train` and pass its folder to --draft")
@@ -41,6 +54,7 @@ class PromptLookup:
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.last_match = 0  # n-gram length behind the latest proposal (0: none)
 
     def reset(self) -> None:
         pass
@@ -55,8 +69,10 @@ class PromptLookup:
             hits = np.flatnonzero((win == tail).all(1))
             if len(hits):
                 s = int(hits[-1]) + n
-                return Draft([int(x) for x in arr[s:s + k]])
-        return Draft([])
+                self.last_match = n
+                return Draft([int(x) for x in arr[s:s + k]], source="lookup")
+        self.last_match = 0
+        return Draft([], source="lookup")
 
 
 def _rms(x, w, eps):
@@ -154,10 +170,70 @@ class NumpyHead:
             self.k = [k[-lim:] if lim else k for k, lim in zip(new_k, limit)]
             self.v = [v[-lim:] if lim else v for v, lim in zip(new_v, limit)]
             self.n = pos0 + len(x)
-        return _rms(x, w["out_norm.weight"], c["rms_eps"]), (new_k, new_v)
+        out = _rms(x, w["out_norm.weight"], c["rms_eps"])
+        self.last_logits = self.logits(out[-1])
+        return out, (new_k, new_v)
 
     def logits(self, out):
         return out @ self.t["lm_head"]
+
+
+class OnnxHead:
+    """The same head from an ONNX export (`edgespec export onnx`), run by onnxruntime on one
+    thread; same interface as NumpyHead. Cache arrays are [1, kv_heads, S, head_dim]."""
+
+    def __init__(self, path: str | Path):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1  # llama.cpp's threads need the cores
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.log_severity_level = 3
+        try:
+            self.sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise EdgespecError(f"{path}: not a loadable ONNX model ({str(e).splitlines()[0]})") from None
+        md = self.sess.get_modelmeta().custom_metadata_map
+        if md.get("edgespec.format") != "edgespec-mtp-onnx":
+            raise EdgespecError(f"{path}: not an edgespec head (no edgespec metadata)")
+        self.c = c = json.loads(md["edgespec.head_config"])
+        self.info = {"target": md.get("edgespec.target"),
+                     "target_fingerprint": md["edgespec.target_fingerprint"],
+                     "draft_ids": np.asarray(json.loads(md["edgespec.draft_vocab"]), dtype=np.int64)}
+        self.n_layer = len(c["layer_types"])
+        self.past_names = [f"past_key_values.{i}.{kv}" for i in range(self.n_layer)
+                           for kv in ("key", "value")]
+        self.out_names = ["logits", "hidden_out"] + [f"present.{i}.{kv}" for i in range(self.n_layer)
+                                                     for kv in ("key", "value")]
+        self.reset()
+
+    def reset(self) -> None:
+        z = np.zeros((1, self.c["n_head_kv"], 0, self.c["head_dim"]), np.float32)
+        self.k = [z] * self.n_layer
+        self.v = [z] * self.n_layer
+        self.n = 0
+
+    def forward(self, tok_emb, hidden, pos0, commit: bool, cache=None):
+        ks = cache[0] if cache else self.k
+        vs = cache[1] if cache else self.v
+        feed = {"tok_emb": np.ascontiguousarray(tok_emb, dtype=np.float32),
+                "hidden": np.ascontiguousarray(hidden, dtype=np.float32),
+                "position": np.array(pos0, dtype=np.int64)}
+        for i in range(self.n_layer):
+            feed[self.past_names[2 * i]] = ks[i]
+            feed[self.past_names[2 * i + 1]] = vs[i]
+        res = self.sess.run(self.out_names, feed)
+        self.last_logits = res[0][0]
+        new_k, new_v = res[2::2], res[3::2]
+        if commit:
+            keep = self.c["sliding_window"] + 64
+            self.k = [k[:, :, -keep:] if t == "sliding" else k
+                      for k, t in zip(new_k, self.c["layer_types"])]
+            self.v = [v[:, :, -keep:] if t == "sliding" else v
+                      for v, t in zip(new_v, self.c["layer_types"])]
+            self.n = pos0 + len(tok_emb)
+        return res[1], (new_k, new_v)
 
 
 class HeadDrafter:
@@ -166,9 +242,17 @@ class HeadDrafter:
     needs_hidden = True
 
     def __init__(self, path: str | Path, target_spec):
-        """`path`: a head GGUF file (`edgespec export gguf`) or a training checkpoint folder."""
+        """`path`: a head GGUF or ONNX file (`edgespec export gguf|onnx`) or a training
+        checkpoint folder."""
         path = Path(path)
-        if path.suffix == ".gguf":
+        if not path.exists():
+            raise EdgespecError(f"{path}: no such head file or folder")
+        onnx_head = None
+        if path.suffix == ".onnx":
+            onnx_head = OnnxHead(path)
+            info = onnx_head.info
+            fingerprint, trained_for, self.ids = info["target_fingerprint"], info["target"], info["draft_ids"]
+        elif path.suffix == ".gguf":
             from edgespec.exporters.gguf_head import read_head_gguf
 
             config, w, info = read_head_gguf(path)
@@ -183,7 +267,7 @@ class HeadDrafter:
             raise EdgespecError(f"head {path} was trained for target '{trained_for}' (fingerprint "
                                 f"{fingerprint}), not for {target_spec.name} "
                                 f"({target_spec.tokenizer_fingerprint})")
-        self.head = NumpyHead(config, w)
+        self.head = onnx_head or NumpyHead(config, w)
         self.embed = TensorRows(read_header(target_spec.path), "token_embd.weight")
         self.name = str(path)
         single_thread_blas()
@@ -206,7 +290,7 @@ class HeadDrafter:
                            commit=True)
         drafts, conf, cache = [], [], (h.k, h.v)
         for j in range(k):
-            lg = h.logits(out[-1])
+            lg = h.last_logits
             best = int(np.argmax(lg))
             top = float(1.0 / np.exp(lg - lg[best]).sum())
             if top < p_min and j > 0:
@@ -217,4 +301,34 @@ class HeadDrafter:
             if j + 1 < k:
                 out, cache = h.forward(self.embed[np.array([tok])], out[-1:], n_ctx - 1 + j,
                                        commit=False, cache=cache)
-        return Draft(drafts, conf=conf)
+        return Draft(drafts, conf=conf, source="head")
+
+
+class MixedDrafter:
+    """Prompt lookup where the context repeats itself, the head everywhere else.
+
+    When the context's last `min_match` or more tokens occurred before, the tokens that followed
+    them are the draft (free to make, and often right: greedy text and code repeat). Otherwise
+    the head drafts. The head only reads the target's hidden states when it drafts: rows that
+    arrive meanwhile are kept and fed to it in one batch, so its cache stays complete."""
+
+    needs_hidden = True
+
+    def __init__(self, head: HeadDrafter, lookup: PromptLookup | None = None, min_match: int = 2):
+        self.head, self.lookup, self.min_match = head, lookup or PromptLookup(), min_match
+        self.name = f"{head.name}+lookup"
+        self.pending: list[np.ndarray] = []
+
+    def reset(self) -> None:
+        self.head.reset()
+        self.pending = []
+
+    def propose(self, context: list[int], hidden, k: int, p_min: float = 0.0) -> Draft:
+        if hidden is not None and len(hidden):
+            self.pending.append(np.array(hidden, dtype=np.float32))
+        d = self.lookup.propose(context, None, k)
+        if d.tokens and self.lookup.last_match >= self.min_match:
+            return d
+        rows = np.concatenate(self.pending) if self.pending else None
+        self.pending = []
+        return self.head.propose(context, rows, k, p_min)

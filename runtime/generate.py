@@ -36,12 +36,12 @@ def generate(target: str | Path | LlamaTarget, prompt: str, max_tokens: int = 12
     """Generate a continuation of `prompt`; `on_text` receives each text piece as it streams.
 
     draft: None/"none" (target only), "lookup" (prompt lookup), "default" (the head shipped for
-    the target), or a head checkpoint folder.
+    the target, mixed with prompt lookup), a head file/folder, or "head:default"/"head:PATH".
     """
     if not prompt or not prompt.strip():
         raise EdgespecError("empty prompt: give some text with --prompt")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    engine = target if isinstance(target, LlamaTarget) else LlamaTarget(
+    engine = target if hasattr(target, "decode") else open_target(
         target, n_ctx=n_ctx, n_threads=n_threads)
     drafter = make_drafter(draft, engine.spec)
     ids = engine.tokenize(prompt)
@@ -53,14 +53,29 @@ def generate(target: str | Path | LlamaTarget, prompt: str, max_tokens: int = 12
     return Result(gen.text, gen.token_ids, gen.stats, getattr(drafter, "name", "none"))
 
 
+def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512):
+    """The engine for a target: llama.cpp for a GGUF file or known name, onnxruntime for a
+    folder made by `edgespec export onnx-target`."""
+    p = Path(str(target)).expanduser()
+    if p.is_dir():
+        from edgespec.runtime.ort_target import OrtTarget
+
+        return OrtTarget(p, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+    return LlamaTarget(target, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+
+
 def make_drafter(draft: str | None, spec):
-    """A drafter from its command-line name (see `generate`)."""
-    from edgespec.runtime.drafters import HeadDrafter, PromptLookup, default_head
+    """A drafter from its command-line name (see `generate`).
+
+    "none", "lookup", "default" (the shipped head with prompt lookup), a head file or checkpoint
+    folder (with prompt lookup), or "head:default" / "head:PATH" for the head alone."""
+    from edgespec.runtime.drafters import HeadDrafter, MixedDrafter, PromptLookup, default_head
 
     if draft in (None, "", "none"):
         return None
     if draft == "lookup":
         return PromptLookup()
-    if draft == "default":
-        return HeadDrafter(default_head(spec), spec)
-    return HeadDrafter(draft, spec)
+    alone = draft.startswith("head:")
+    name = draft[len("head:"):] if alone else draft
+    head = HeadDrafter(default_head(spec) if name == "default" else name, spec)
+    return head if alone else MixedDrafter(head, PromptLookup())

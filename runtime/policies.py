@@ -38,7 +38,7 @@ class FixedK:
     def trim(self, draft) -> int:
         return len(draft.tokens)
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, source: str = "") -> None:
         pass
 
     def observe_draft_time(self, seconds: float, steps: int) -> None:
@@ -81,7 +81,9 @@ def verify_cost_curve(engine, k_max: int = 8, repeats: int = 7) -> list[float]:
 def measure_verify_cost(engine, n_max: int, repeats: int = 5) -> list[float]:
     """Seconds per verify of n = 1..n_max tokens on this machine, cached per target file and
     thread count."""
-    key = f"{Path(engine.spec.path).resolve()}|{os.path.getsize(engine.spec.path)}|t{engine.n_threads}|n{n_max}"
+    model = getattr(engine, "model_file", engine.spec.path)  # the ONNX file for onnxruntime
+    key = (f"{type(engine).__name__}|{Path(model).resolve()}|{os.path.getsize(model)}"
+           f"|t{engine.n_threads}|n{n_max}")
     path = _cache_path()
     try:
         cached = json.loads(path.read_text())
@@ -117,8 +119,20 @@ class CostAware(FixedK):
             raise ValueError("verify_cost needs k + 1 entries")
         self.c = verify_cost
         self.draft_step_s = draft_step_s
-        self.acc = [prior] * k  # P(draft j accepted | drafts before it accepted)
+        self.prior = prior
+        # per draft source, P(draft j accepted | drafts before it accepted)
+        self.accs: dict[str, list[float]] = {}
         self.ema = ema
+
+    @property
+    def acc(self) -> list[float]:
+        """The estimates of drafts with no named source (single-source drafters)."""
+        return self.accs[""]
+
+    def _acc(self, source: str) -> list[float]:
+        if source not in self.accs:
+            self.accs[source] = [self.prior] * self.k
+        return self.accs[source]
 
     def _best(self, probs: list[float]) -> int:
         best_k, best = 0, 1.0 / self.c[0]
@@ -132,7 +146,8 @@ class CostAware(FixedK):
         return best_k
 
     def next_k(self) -> int:
-        best = self._best(self.acc)
+        # a mixed drafter may draft from any source: allow the longest any of them would pay for
+        best = max(self._best(a) for a in (list(self.accs.values()) or [[self.prior] * self.k]))
         if best or not self.k:
             return best
         # Estimates say "don't draft": probe with one draft now and then so they can recover.
@@ -143,14 +158,16 @@ class CostAware(FixedK):
         return 0
 
     def trim(self, draft) -> int:
+        acc = self._acc(draft.source)
         if not draft.conf:
-            return len(draft.tokens)
-        return self._best([min(p, a) for p, a in zip(draft.conf, self.acc)])
+            return self._best(acc[:len(draft.tokens)])
+        return self._best([min(p, a) for p, a in zip(draft.conf, acc)])
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, source: str = "") -> None:
+        acc = self._acc(source)
         for j in range(min(drafted, accepted + 1)):
             hit = 1.0 if j < accepted else 0.0
-            self.acc[j] += self.ema * (hit - self.acc[j])
+            acc[j] += self.ema * (hit - acc[j])
 
     def observe_draft_time(self, seconds: float, steps: int) -> None:
         if steps:

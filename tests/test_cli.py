@@ -40,6 +40,10 @@ def test_bad_inputs(tmp_path):
     assert_usage_error(edgespec("generate", "--target", "gemma3-270m", "--prompt", "x",
                                 "--max-tokens", "0"), "max-tokens")
     assert_usage_error(edgespec("frobnicate"), "invalid choice")
+    assert_usage_error(edgespec("export", "onnx", str(tmp_path), "--quant", "int3", "--out",
+                                str(tmp_path / "h.onnx")), "unknown --quant")
+    assert_usage_error(edgespec("export", "onnx-target", "gemma3-270m", "--quant", "q2", "--out",
+                                str(tmp_path / "t")), "unknown --quant")
 
 
 def test_info_json_on_tiny_file(tmp_path):
@@ -80,11 +84,10 @@ def test_generate_gemma_json():
 def test_heads_are_checked_against_their_target(tmp_path):
     from edgespec.runtime.drafters import HEADS_DIR
 
-    gemma_head = next(HEADS_DIR.glob("gemma3-270m/*.gguf"))
-    res = edgespec("generate", "--target", "smollm2-135m", "--prompt", "hi", "--draft", str(gemma_head))
-    assert_usage_error(res, "trained for target")
-    assert_usage_error(edgespec("generate", "--target", "smollm2-135m", "--prompt", "hi",
-                                "--draft", "default"), "no default head")
+    for ext in ("gguf", "onnx"):
+        gemma_head = next(HEADS_DIR.glob(f"gemma3-270m/*.{ext}"))
+        res = edgespec("generate", "--target", "smollm2-135m", "--prompt", "hi", "--draft", str(gemma_head))
+        assert_usage_error(res, "trained for target")
     assert_usage_error(edgespec("generate", "--target", "gemma3-270m", "--prompt", "hi",
                                 "--draft", str(tmp_path)), "not a head checkpoint")
 
@@ -98,7 +101,7 @@ def test_generate_with_default_head_and_bench(tmp_path):
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     assert d["tokens"] == 12 and d["mean_accepted"] >= 1.0 and "speedup" in d
-    assert d["draft"].endswith(".gguf") and d["draft_policy"] == "fixed"
+    assert d["draft"].endswith(".onnx+lookup") and d["draft_policy"] == "fixed"
     out = tmp_path / "b.json"
     res = edgespec("bench", "--target", "gemma3-270m", "--limit", "2", "--max-new-tokens", "8",
                    "--json", str(out))

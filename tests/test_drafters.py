@@ -1,6 +1,9 @@
-"""Prompt lookup on plain token lists."""
+"""Prompt lookup on plain token lists; the mixed lookup + head drafter."""
 
-from edgespec.runtime.drafters import PromptLookup
+import numpy as np
+
+from edgespec.runtime.decoding import Draft
+from edgespec.runtime.drafters import MixedDrafter, PromptLookup
 
 
 def test_lookup_proposes_the_continuation_of_the_latest_match():
@@ -9,3 +12,45 @@ def test_lookup_proposes_the_continuation_of_the_latest_match():
     assert d.propose(ctx, None, 2).tokens == [7, 8]  # latest earlier occurrence of [1, 2, 3]
     assert d.propose([5, 6, 7], None, 3).tokens == []  # nothing repeats
     assert d.propose([4, 1, 2, 4], None, 5).tokens == [1, 2, 4]  # 1-gram fallback, up to the end
+
+
+class RecordingHead:
+    name = "fake-head"
+
+    def __init__(self):
+        self.calls = []
+
+    def reset(self):
+        self.calls.clear()
+
+    def propose(self, context, hidden, k, p_min=0.0):
+        self.calls.append((len(context), None if hidden is None else hidden.copy()))
+        return Draft([42] * k, conf=[0.9] * k, source="head")
+
+
+def test_mixed_drafter_uses_lookup_on_repeats_and_feeds_the_head_every_row():
+    head = RecordingHead()
+    d = MixedDrafter(head, PromptLookup(max_ngram=3), min_match=2)
+    rows = [np.full((2, 4), i, np.float32) for i in range(3)]
+    # [1, 2] occurred before: lookup drafts, the head is not run, its rows wait
+    got = d.propose([1, 2, 3, 5, 1, 2], rows[0], 2)
+    assert got.tokens == [3, 5] and got.source == "lookup" and not head.calls
+    # only a 1-gram repeats: the head drafts, and gets both batches of rows in order
+    got = d.propose([1, 2, 3, 5, 1, 2, 7, 9, 5], rows[1], 3)
+    assert got.tokens == [42, 42, 42] and got.source == "head"
+    (n_ctx, fed), = head.calls
+    assert n_ctx == 9 and fed.shape == (4, 4) and list(fed[:, 0]) == [0, 0, 1, 1]
+    d.propose([4, 6, 8], rows[2], 1)
+    assert head.calls[-1][1].shape == (2, 4)  # nothing fed twice
+
+
+def test_no_default_head_for_an_unknown_target():
+    from types import SimpleNamespace
+
+    import pytest
+
+    from edgespec.errors import EdgespecError
+    from edgespec.runtime.drafters import default_head
+
+    with pytest.raises(EdgespecError, match="no default head ships for target other"):
+        default_head(SimpleNamespace(tokenizer_fingerprint="0000", name="other"))

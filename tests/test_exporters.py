@@ -91,3 +91,85 @@ def test_untied_head_keeps_every_tensor(tmp_path):
     assert np.abs(emb - head).max() < 0.02 * np.abs(emb).max()
     with pytest.raises(EdgespecError, match="already has an untied"):
         add_untied_head(out, tmp_path / "again.gguf", "Q8_0")
+
+
+def _chain_reference(head, emb, hid, n):
+    with torch.no_grad():
+        outs = head.forward_chain(torch.from_numpy(emb)[None, 1:], torch.from_numpy(hid)[None], n)
+    return [o[0].numpy() for o in outs]
+
+
+# Random weights: many near-ties and activations quantized too (int8 dynamic), so the bars sit
+# well above chance (1/96) but low; the trained head's figures come from `export onnx --check`.
+@pytest.mark.parametrize("quant,min_agree", [("fp32", 1.0), ("int8", 0.5), ("int4", 0.3)])
+def test_head_onnx_step_graph_matches_torch(tmp_path, quant, min_agree):
+    """The ONNX draft step, fed in chunks with its KV cache as the runtime does (past the
+    sliding window of 8), reproduces the torch head's training-time chain."""
+    onnx = pytest.importorskip("onnx")
+    from edgespec.exporters.onnx_head import write_head_onnx
+    from edgespec.runtime.drafters import OnnxHead
+
+    head, ckpt = make_ckpt(tmp_path)
+    out = tmp_path / f"h-{quant}.onnx"
+    r = write_head_onnx(ckpt, out, quant)
+    assert r["bytes"] == out.stat().st_size
+    m = onnx.load(str(out))
+    onnx.checker.check_model(m)
+    ins = [i.name for i in m.graph.input]
+    assert ins[:3] == ["tok_emb", "hidden", "position"] and "past_key_values.1.value" in ins
+    assert "present.0.key" in [o.name for o in m.graph.output]
+    if quant == "int4":
+        assert any(n.op_type == "MatMulNBits" for n in m.graph.node)
+    h = OnnxHead(out)
+    assert h.info["target_fingerprint"] == "abc" and list(h.info["draft_ids"]) == list(np.arange(96) * 2)
+    rng = np.random.default_rng(1)
+    T, n = 30, 3
+    emb = rng.normal(size=(T + n, 64)).astype(np.float32)
+    hid = rng.normal(size=(T, 64)).astype(np.float32)
+    ref = _chain_reference(head, emb, hid, n)
+    ref_logits = [head.logits(torch.from_numpy(o)).numpy() for o in ref]
+    t = T - 1
+    got, agree = [], []
+    h.forward(emb[1:12], hid[:11], 0, commit=True)
+    o, _ = h.forward(emb[12:t + 2], hid[11:t + 1], 11, commit=True)
+    got.append((o, ref[0][11:]))
+    agree.append(h.last_logits.argmax() == ref_logits[0][t].argmax())
+    last, cache = o[-1:], (h.k, h.v)
+    for j in range(1, n):
+        last, cache = h.forward(emb[t + 1 + j][None], last, t + j, commit=False, cache=cache)
+        got.append((last[0], ref[j][t]))
+        agree.append(h.last_logits.argmax() == ref_logits[j][t].argmax())
+    assert h.n == T and h.k[0].shape == (1, 1, T, 32)
+    if quant == "fp32":
+        for a, b in got:
+            np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-3)
+        assert all(agree)
+    # agreement of the draft LM head's argmax over every committed row
+    lm = head.lm_head.numpy()
+    rows = float(((got[0][0] @ lm.T).argmax(1) == (got[0][1] @ lm.T).argmax(1)).mean())
+    assert rows >= min_agree, rows
+
+
+def test_head_onnx_bad_inputs(tmp_path):
+    pytest.importorskip("onnx")
+    from types import SimpleNamespace
+
+    from edgespec.exporters.onnx_head import write_head_onnx
+    from edgespec.runtime.drafters import HeadDrafter, OnnxHead
+
+    _, ckpt = make_ckpt(tmp_path)
+    with pytest.raises(EdgespecError, match="unknown --quant"):
+        write_head_onnx(ckpt, tmp_path / "x.onnx", "int3")
+    with pytest.raises(EdgespecError, match="not a head checkpoint"):
+        write_head_onnx(tmp_path, tmp_path / "x.onnx", "int8")
+    with pytest.raises(EdgespecError, match="cannot write|write failed|no such"):
+        write_head_onnx(ckpt, tmp_path / "missing-dir" / "x.onnx", "int8")
+    assert not (tmp_path / "x.onnx").exists()
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    with pytest.raises(EdgespecError, match="not a loadable ONNX model"):
+        OnnxHead(tmp_path / "junk.onnx")
+    good = tmp_path / "h.onnx"
+    write_head_onnx(ckpt, good, "fp32")
+    other = SimpleNamespace(tokenizer_fingerprint="zzz", name="other", path=None)
+    with pytest.raises(EdgespecError, match="trained for target 'tiny'"):
+        HeadDrafter(good, other)

@@ -21,3 +21,15 @@ def test_cost_policy_learns_from_acceptance_and_trims_by_confidence():
     for _ in range(200):
         p.update(3, 0)  # every first draft rejected
     assert p.acc[0] < 0.05 and p._best(p.acc) == 0
+
+
+def test_cost_policy_keeps_apart_estimates_per_draft_source():
+    """A mixed drafter: lookup drafts keep being accepted, head drafts rejected. The policy
+    still drafts (for lookup) but trims head drafts to nothing."""
+    p = CostAware(3, [0.010, 0.013, 0.016, 0.019], draft_step_s=0.001, prior=0.5)
+    for _ in range(100):
+        p.update(3, 3, "lookup")
+        p.update(3, 0, "head")
+    assert p.next_k() == 3
+    assert p.trim(Draft([1, 2, 3], source="lookup")) == 3
+    assert p.trim(Draft([1, 2, 3], conf=[0.9, 0.9, 0.9], source="head")) == 0

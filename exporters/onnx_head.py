@@ -1,0 +1,153 @@
+"""Draft heads to ONNX: one draft step as a graph with an explicit KV cache.
+
+    edgespec export onnx runs/gemma/head --quant int8 --out head.onnx [--check --features DIR]
+
+Graph inputs: `tok_emb` [T, E] (unscaled target embedding rows of the tokens read), `hidden`
+[T, E] (target hidden states, or the head's own output for a draft step), `position` (int64
+scalar, the position of the first of the T pairs) and `past_key_values.{i}.key/value`
+[1, kv_heads, past, head_dim] holding positions position-past .. position-1. Outputs: `logits`
+[1, draft_vocab] for the last pair, `hidden_out` [T, E] and `present.{i}.key/value` (past + T).
+T and past are dynamic. The head config, the draft vocabulary and the target fingerprint are in
+the model's metadata, so the file alone runs next to its target (no torch needed to run it).
+
+Quantization: int8 with onnxruntime's dynamic quantization (per-channel weights), int4 with
+MatMulNBits (block 32, symmetric, accuracy level 4 so the CPU kernel runs int8 dot products).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from contextlib import contextmanager
+import warnings
+from pathlib import Path
+
+from edgespec.errors import EdgespecError
+from edgespec.io import atomic_write
+
+QUANTS = ("fp32", "int8", "int4")
+OPSET = 17
+
+
+def _graph_module(head):
+    import torch
+    from torch import nn
+
+    c = head.c
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = head
+
+        def forward(self, tok_emb, hidden, position, *past):
+            h = self.head
+            t = tok_emb.shape[0]
+            x = h.inputs(tok_emb[None], hidden[None])  # [1, T, E]
+            qpos = position + torch.arange(t, dtype=torch.int64)
+            presents = []
+            for i, blk in enumerate(h.blocks):
+                pk, pv = past[2 * i], past[2 * i + 1]  # [1, Hkv, P, D]
+                q, k, v = blk.qkv(x, qpos[None])  # q [1, T, H, D], k/v [1, T, Hkv, D]
+                kk = torch.cat([pk, k.transpose(1, 2)], 2)
+                vv = torch.cat([pv, v.transpose(1, 2)], 2)
+                presents += [kk, vv]
+                n = kk.shape[2]
+                kpos = position + t - n + torch.arange(n, dtype=torch.int64)
+                mask = kpos[None, :] <= qpos[:, None]
+                if blk.sliding:
+                    mask = mask & (kpos[None, :] > qpos[:, None] - c.sliding_window)
+                rep = c.n_head // c.n_head_kv
+                kr = kk.repeat_interleave(rep, dim=1)  # [1, H, N, D]
+                vr = vv.repeat_interleave(rep, dim=1)
+                s = torch.matmul(q.transpose(1, 2), kr.transpose(2, 3)) * blk.scale  # [1, H, T, N]
+                s = s.masked_fill(~mask[None, None], float("-inf"))
+                a = torch.matmul(torch.softmax(s, -1), vr)  # [1, H, T, D]
+                x = blk.finish(x, a.transpose(1, 2).reshape(1, t, c.n_head * c.head_dim))
+            out = h.out_norm(x)[0]
+            logits = out[-1:] @ h.lm_head.T
+            return (logits, out, *presents)
+
+    return Step().eval()
+
+
+@contextmanager
+def quiet_quantizers():
+    """onnxruntime's quantizers log advice and per-node progress on the root logger and their own."""
+    names = ["", "onnxruntime.quantization", "onnxruntime.quantization.matmul_nbits_quantizer"]
+    levels = [logging.getLogger(n).level for n in names]
+    for n in names:
+        logging.getLogger(n).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for n, lv in zip(names, levels):
+            logging.getLogger(n).setLevel(lv)
+
+
+def _quantize(model, raw: Path, work: Path, quant: str):
+    """fp32 graph -> int8 (dynamic, per-channel weights) or int4 (MatMulNBits) graph."""
+    import onnx
+
+    if quant == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        q = work / "q.onnx"
+        quantize_dynamic(str(raw), str(q), weight_type=QuantType.QInt8, per_channel=True)
+        return onnx.load(str(q))
+    if quant == "int4":
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        qz = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=True, accuracy_level=4)
+        qz.process()
+        return qz.model.model
+    return model
+
+
+def io_names(n_layer: int) -> tuple[list[str], list[str]]:
+    past = [f"past_key_values.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
+    present = [f"present.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
+    return ["tok_emb", "hidden", "position", *past], ["logits", "hidden_out", *present]
+
+
+def write_head_onnx(ckpt: str | Path, out: str | Path, quant: str = "int8") -> dict:
+    import onnx
+    import torch
+
+    from edgespec.train import load_checkpoint
+
+    if quant not in QUANTS:
+        raise EdgespecError(f"unknown --quant {quant} for ONNX; choose from {', '.join(QUANTS)}")
+    head, meta = load_checkpoint(ckpt)
+    c = head.c
+    step = _graph_module(head)
+    ins, outs = io_names(c.n_layer)
+    T, P = 3, 5  # example sizes >= 2 on every dynamic axis
+    args = (torch.randn(T, c.n_embd), torch.randn(T, c.n_embd), torch.tensor(P, dtype=torch.int64),
+            *[torch.randn(1, c.n_head_kv, P, c.head_dim) for _ in range(2 * c.n_layer)])
+    axes = {"tok_emb": {0: "seq"}, "hidden": {0: "seq"}, "hidden_out": {0: "seq"}}
+    for n in ins[3:]:
+        axes[n] = {2: "past"}
+    for n in outs[2:]:
+        axes[n] = {2: "total"}
+    with tempfile.TemporaryDirectory() as td:
+        raw = Path(td) / "raw.onnx"
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
+            torch.onnx.export(step, args, str(raw), dynamo=False, input_names=ins,
+                              output_names=outs, dynamic_axes=axes, opset_version=OPSET)
+        model = onnx.load(str(raw))
+        with quiet_quantizers():
+            model = _quantize(model, raw, Path(td), quant)
+        draft_ids = [int(x) for x in meta["draft_vocab"]["ids"]]
+        props = {"edgespec.format": "edgespec-mtp-onnx", "edgespec.head_config": json.dumps(c.to_dict()),
+                 "edgespec.target": meta["target"], "edgespec.target_fingerprint": meta["target_fingerprint"],
+                 "edgespec.draft_vocab": json.dumps(draft_ids), "edgespec.quant": quant}
+        del model.metadata_props[:]
+        for k, v in props.items():
+            model.metadata_props.add(key=k, value=v)
+        model.producer_name = "edgespec"
+        onnx.checker.check_model(model)
+        atomic_write(out, lambda tmp: onnx.save(model, tmp))
+    return {"out": str(out), "quant": quant, "bytes": Path(out).stat().st_size}

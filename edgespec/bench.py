@@ -14,7 +14,6 @@ import platform
 import resource
 import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,12 +114,11 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
           threads: int | None = None, temperature: float = 0.0, seed: int = 0, n_ctx: int = 4096,
           device: dict | None = None) -> dict:
     from edgespec.runtime.decoding import FixedK, Generation
-    from edgespec.runtime.generate import make_drafter
-    from edgespec.runtime.llama_target import LlamaTarget
+    from edgespec.runtime.generate import make_drafter, open_target
     from edgespec.runtime.policies import make_policy
     from edgespec.runtime.sampling import SamplingParams
 
-    engine = LlamaTarget(target, n_ctx=n_ctx, n_threads=threads)
+    engine = open_target(target, n_ctx=n_ctx, n_threads=threads)
     rss_target = _current_rss_mb()
     drafters = {}
     for m in methods:

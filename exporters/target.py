@@ -78,7 +78,7 @@ def add_untied_head(src: str | Path, out: str | Path, head_type: str) -> None:
     """
     import gguf
     from gguf.constants import GGUFValueType
-    from gguf.quants import dequantize, quantize
+    from gguf.quants import quantize
 
     from edgespec.gguf_meta import StringArray, TensorRows
     from edgespec.io import atomic_write

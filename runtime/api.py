@@ -18,8 +18,7 @@ from typing import Iterator
 
 from edgespec.chat import render_chat
 from edgespec.runtime.decoding import Generation
-from edgespec.runtime.generate import make_drafter
-from edgespec.runtime.llama_target import LlamaTarget
+from edgespec.runtime.generate import make_drafter, open_target
 from edgespec.runtime.policies import make_policy
 from edgespec.runtime.sampling import SamplingParams
 
@@ -29,7 +28,7 @@ class SpeculativeLlama:
                  n_batch: int = 512, seed: int | None = None, draft: str | None = "default",
                  k: int = 3, policy: str = "fixed", verbose: bool = False, **_ignored):
         self.model_path = model_path
-        self.engine = LlamaTarget(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+        self.engine = open_target(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
         self.drafter = make_drafter(draft, self.engine.spec)
         self.k, self.policy, self.seed = k, policy, seed
         self.last_stats: dict = {}

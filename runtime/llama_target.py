@@ -45,16 +45,62 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-class LlamaTarget:
+def _ensure_backend() -> None:
+    global _BACKEND_READY
+    if not _BACKEND_READY:
+        lc.llama_backend_init()
+        _BACKEND_READY = True
+
+
+class LlamaVocab:
+    """Tokenizing with llama.cpp's vocabulary of a GGUF file (needs `self._vocab`, `self.spec`)."""
+
+    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
+        """Text -> token ids; `add_bos` defaults to what the GGUF file asks for."""
+        add = self.spec.add_bos if add_bos is None else add_bos
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add, special)
+        if n < 0:  # buffer too small: -n is the size needed
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add, special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lc.llama_vocab_is_eog(self._vocab, token))
+
+
+def load_vocab_only(spec: TargetSpec):
+    """A llama.cpp model handle with the vocabulary only (no weights): for other engines."""
+    _ensure_backend()
+    mparams = lc.llama_model_default_params()
+    mparams.vocab_only = True
+    model = lc.llama_model_load_from_file(str(spec.path).encode(), mparams)
+    if not model:
+        raise EdgespecError(f"{spec.path}: llama.cpp could not read this file's vocabulary")
+    return model, lc.llama_model_get_vocab(model)
+
+
+class LlamaTarget(LlamaVocab):
     """A target model on llama.cpp with an explicit, roll-back-able KV cache."""
 
     def __init__(self, target: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, swa_full: bool = False, spec: TargetSpec | None = None):
-        global _BACKEND_READY
         self.spec = spec or load_target_spec(target)
-        if not _BACKEND_READY:
-            lc.llama_backend_init()
-            _BACKEND_READY = True
+        _ensure_backend()
         mparams = lc.llama_model_default_params()
         self._model = lc.llama_model_load_from_file(self.spec.path.encode(), mparams)
         if not self._model:
@@ -85,34 +131,6 @@ class LlamaTarget:
         self._embeddings_on = False
         self.tokens: list[int] = []  # tokens whose K/V sit in the cache, position = index
         self.n_redecodes = 0  # times a rollback had to re-decode because the SWA cache was short
-
-    # -- tokens -------------------------------------------------------------------------------
-    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
-        """Text -> token ids; `add_bos` defaults to what the GGUF file asks for."""
-        add = self.spec.add_bos if add_bos is None else add_bos
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        buf = (lc.llama_token * cap)()
-        n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add, special)
-        if n < 0:  # buffer too small: -n is the size needed
-            cap = -n
-            buf = (lc.llama_token * cap)()
-            n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add, special)
-        return list(buf[:n])
-
-    def token_bytes(self, token: int, special: bool = False) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
-        return buf.raw[:n]
-
-    def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
-
-    def is_eog(self, token: int) -> bool:
-        return bool(lc.llama_vocab_is_eog(self._vocab, token))
 
     # -- decoding ---------------------------------------------------------------------------
     def _set_embeddings(self, on: bool) -> None:

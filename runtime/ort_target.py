@@ -1,0 +1,139 @@
+"""The target on onnxruntime: the ONNX target export (`edgespec export onnx-target`).
+
+Same interface as LlamaTarget (prefill / decode / truncate / reset, tokenize ...), so the decode
+loop, the drafters and the bench run on either engine. The KV cache is kept as numpy arrays
+[1, kv_heads, n, head_dim] per layer between calls; rolling back is slicing them, which is exact.
+Sliding-window layers keep only the last window + 64 positions (the graph derives positions from
+the cache length, so trimming from the front is safe); a rollback deeper than that margin
+re-decodes the kept tokens. Token embedding rows are read from the target's GGUF file (the
+tokenizer comes from there too), scaled as the target scales them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.gguf_meta import TensorRows, read_header
+from edgespec.runtime.llama_target import LlamaVocab, default_threads, lc, load_vocab_only
+from edgespec.targets import load_target_spec
+
+META_NAME = "edgespec-target.json"
+MARGIN = 64
+
+
+class OrtTarget(LlamaVocab):
+    def __init__(self, folder: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
+                 n_batch: int = 512, spec=None):
+        import onnxruntime as ort
+
+        folder = Path(folder)
+        meta_path = folder / META_NAME
+        if not meta_path.is_file() or not (folder / "model.onnx").is_file():
+            raise EdgespecError(f"{folder}: not an ONNX target folder (made by `edgespec export "
+                                "onnx-target`)")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as e:
+            raise EdgespecError(f"{meta_path}: unreadable ({e})") from None
+        self.meta = meta
+        self.spec = spec or load_target_spec(meta["target"] if not Path(meta["target"]).suffix
+                                             else meta["target_path"])
+        if self.spec.tokenizer_fingerprint != meta["target_fingerprint"]:
+            raise EdgespecError(f"{folder} was exported from another target than {self.spec.name}")
+        self._model, self._vocab = load_vocab_only(self.spec)
+        self.n_vocab, self.n_embd = meta["n_vocab"], meta["n_embd"]
+        self.n_threads = n_threads or default_threads()
+        self.n_ctx, self.n_batch = n_ctx, n_batch
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.n_threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.log_severity_level = 3
+        try:
+            self.sess = ort.InferenceSession(str(folder / "model.onnx"), opts,
+                                             providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise EdgespecError(f"{folder}: onnxruntime could not load the model "
+                                f"({str(e).splitlines()[0]})") from None
+        self.model_file = folder / "model.onnx.data" if (folder / "model.onnx.data").exists() \
+            else folder / "model.onnx"
+        self.embed = TensorRows(read_header(self.spec.path), "token_embd.weight")
+        self.n_layer = meta["n_layer"]
+        self.sliding = [t == "sliding" for t in meta["layer_types"]]
+        self.window = meta.get("sliding_window") or 0
+        self.past_names = [f"past_key_values.{i}.{kv}" for i in range(self.n_layer)
+                           for kv in ("key", "value")]
+        self.out_names = ["logits", "hidden"] + [f"present.{i}.{kv}" for i in range(self.n_layer)
+                                                 for kv in ("key", "value")]
+        self.n_redecodes = 0
+        self.reset()
+
+    def reset(self) -> None:
+        z = np.zeros((1, self.meta["n_head_kv"], 0, self.meta["head_dim"]), np.float32)
+        self.kv = [z] * (2 * self.n_layer)
+        self.tokens: list[int] = []
+
+    def _run(self, tokens: list[int], n_logits: int):
+        start = len(self.tokens)
+        if start + len(tokens) > self.n_ctx:
+            raise EdgespecError(f"context is full ({self.n_ctx} tokens); use a larger n_ctx "
+                                "or a shorter prompt")
+        emb = self.embed[np.asarray(tokens)] * np.float32(self.meta["embed_scale"])
+        feed = {"inputs_embeds": np.ascontiguousarray(emb, dtype=np.float32),
+                "position": np.array(start, dtype=np.int64),
+                "n_logits": np.array(n_logits, dtype=np.int64)}
+        feed.update(zip(self.past_names, self.kv))
+        res = self.sess.run(self.out_names, feed)
+        kv = res[2:]
+        if self.window:
+            keep = self.window + MARGIN
+            kv = [a[:, :, -keep:] if self.sliding[i // 2] and a.shape[2] > keep else a
+                  for i, a in enumerate(kv)]
+        self.kv = kv
+        self.tokens.extend(tokens)
+        return res[0], res[1]
+
+    def prefill(self, tokens: list[int]) -> None:
+        for s in range(0, len(tokens), self.n_batch):
+            self._run(tokens[s:s + self.n_batch], 1)
+
+    def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True,
+               copy: bool = True):
+        if not tokens:
+            raise ValueError("decode needs at least one token")
+        if len(tokens) > self.n_batch:
+            raise ValueError(f"decode takes at most n_batch={self.n_batch} tokens")
+        n = len(tokens)
+        logits, hid = self._run(tokens, n if (all_logits or hidden) else 1)
+        return logits, (hid if hidden else None)
+
+    def truncate(self, n: int) -> None:
+        if n >= len(self.tokens):
+            return
+        kept = self.tokens[:n]
+        drop = len(self.tokens) - n
+        ok = all(a.shape[2] - drop >= min(n, self.window) if self.sliding[i // 2] else True
+                 for i, a in enumerate(self.kv)) if self.window else True
+        if not ok:  # the trimmed sliding cache no longer covers the window: re-decode
+            self.n_redecodes += 1
+            self.reset()
+            self.prefill(kept)
+            return
+        self.kv = [a[:, :, :a.shape[2] - drop] for a in self.kv]
+        self.tokens = kept
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            lc.llama_model_free(self._model)
+            self._model = None
+        self.sess = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

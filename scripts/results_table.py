@@ -76,6 +76,31 @@ def main():
                         f"{base['bytes_per_token'] / row['bytes_per_token']:.2f}x smaller | "
                         f"{e['1']:.3f} | {e['2']:.3f} | {e['4']:.3f} | {e['8']:.3f} |")
         parts.append("\n".join(rows))
+    opt = ROOT / "results" / "ablation-optimizer.json"
+    if opt.exists():
+        r = json.loads(opt.read_text())
+        rows = ["Optimizer ablation (`results/ablation-optimizer.json`, `scripts/optimizer_ablation.sh`): "
+                f"same int4 features, seed and {r['steps']} steps, evaluated on held-out fp16 features.",
+                "", "| optimizer | lr | final loss | expected accepted, k=1 | k=2 | k=4 | k=8 | "
+                "acceptance by position 1-4 | train s |", "|---|---|---|---|---|---|---|---|---|"]
+        for o, row in r["rows"].items():
+            e = row["expected_accepted"]
+            acc = " ".join(f"{a:.2f}" for a in row["acceptance_by_position"][:4])
+            rows.append(f"| {o} | {row['lr']} | {row['final_loss']:.3f} | {e['1']:.3f} | {e['2']:.3f} | "
+                        f"{e['4']:.3f} | {e['8']:.3f} | {acc} | {row['seconds']:.0f} |")
+        parts.append("\n".join(rows))
+    for p in sorted((ROOT / "results").glob("export-head-*.json")):
+        r = json.loads(p.read_text())
+        rows = [f"Head exports for {r['target']} (`{p.relative_to(ROOT)}`, `scripts/ship_head.sh`), "
+                "each checked against the trained torch head on held-out hidden states:", "",
+                "| file | runtime | MB | top-1 agreement | max logit error | ms/draft step | shipped |",
+                "|---|---|---|---|---|---|---|"]
+        for e in r["exports"]:
+            c = e["check"]
+            rows.append(f"| {Path(e['out']).name} | {c['runtime']} | {e['bytes'] / 2**20:.1f} | "
+                        f"{c['top1_agreement']:.3f} | {c['max_logit_error']:.3f} | "
+                        f"{c['ms_per_draft_step']:.2f} | {'yes' if e['shipped'] else ''} |")
+        parts.append("\n".join(rows))
     block = BEGIN + "\n" + "\n\n".join(parts) + "\n" + END
     readme = ROOT / "README.md"
     text = readme.read_text()

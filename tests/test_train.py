@@ -140,3 +140,18 @@ def test_requantize_fp16_to_int8_and_int4(tiny):
             assert (got.tokens[i] == ref.tokens[i]).all()
             a, b = ref.hidden(i), got.hidden(i)
             assert np.abs(a - b).max() <= tol * np.abs(a).max()
+
+
+def test_muon_orthogonalization_matches_torch():
+    """Our float32 Newton-Schulz gives torch.optim.Muon's (bfloat16) update up to bf16 error,
+    and leaves singular values near 1."""
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    from edgespec.train import Muon
+
+    g = torch.randn(48, 160, generator=torch.Generator().manual_seed(0))
+    ours = Muon.orthogonalize(g, 5, 1e-7)
+    ref = _zeropower_via_newtonschulz(g, (3.4445, -4.7750, 2.0315), 5, 1e-7).float()
+    assert (ours - ref).abs().max() < 0.05 * ours.abs().max()
+    s = torch.linalg.svdvals(ours)
+    assert 0.5 < s.min() and s.max() < 1.5

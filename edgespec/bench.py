@@ -45,7 +45,7 @@ def read_prompts(path: str | Path) -> list[dict]:
     return out
 
 
-def parse_methods(spec: str, drafts: list[str], k: int, policy: str = "fixed") -> list[Method]:
+def parse_methods(spec: str, drafts: list[str], k: int, policy: str = "cost") -> list[Method]:
     """'target,lookup,edgespec' -> Methods; each edgespec entry takes the next --draft.
     `edgespec:cost` (or :fixed, :confidence) sets that entry's draft-length policy."""
     methods, di = [], 0

@@ -29,7 +29,7 @@ class ChatSession:
     transcript and stop at the next "User:" line.
     """
 
-    def __init__(self, engine, drafter=None, policy: str = "fixed", k: int = 3,
+    def __init__(self, engine, drafter=None, policy: str = "cost", k: int = 3,
                  max_tokens: int = 256, temperature: float = 0.0, seed: int | None = None):
         from edgespec.runtime.sampling import SamplingParams
 

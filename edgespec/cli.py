@@ -305,9 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n-ctx", type=_positive_int, default=4096)
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--draft", default="none",
-                   help="none, lookup, default (the shipped head), or a head checkpoint folder")
+                   help="none, lookup, default (shipped head + lookup), a head file/folder, head:default, head:PATH")
     s.add_argument("-k", "--k", type=_positive_int, default=3, help="(maximum) draft length")
-    s.add_argument("--policy", default="fixed", choices=["fixed", "confidence", "cost"],
+    s.add_argument("--policy", default="cost", choices=["fixed", "confidence", "cost"],
                    help="draft length policy")
     s.add_argument("--compare", action="store_true",
                    help="also run target-only on the same prompt and report the speedup")
@@ -317,8 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("chat", help="interactive streaming chat in the terminal")
     s.add_argument("--target", required=True)
     s.add_argument("--draft", default="lookup",
-                   help="none, lookup (default), default (the shipped head), or a head path")
-    s.add_argument("--policy", default="fixed", choices=["fixed", "confidence", "cost"])
+                   help="none, lookup (default), default (shipped head + lookup), a head path, head:PATH")
+    s.add_argument("--policy", default="cost", choices=["fixed", "confidence", "cost"])
     s.add_argument("-k", "--k", type=_positive_int, default=3)
     s.add_argument("--max-tokens", type=_positive_int, default=256)
     s.add_argument("--temperature", type=float, default=0.0)
@@ -330,13 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="tokens/s and acceptance: target-only vs lookup vs heads")
     s.add_argument("--target", required=True)
     s.add_argument("--draft", action="append", default=None,
-                   help="head folder or 'default' (repeat to compare heads)")
+                   help="default, a head file/folder, head:default or head:PATH for the head alone (repeat to compare)")
     s.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: shipped set)")
     s.add_argument("--max-new-tokens", type=_positive_int, default=128)
     s.add_argument("--methods", default="target,lookup,edgespec",
                    help="comma list; edgespec:POLICY runs a head with its own policy")
-    s.add_argument("--policy", default="fixed", help="draft length policy: fixed, confidence, cost")
-    s.add_argument("-k", "--k", type=_positive_int, default=4, help="(maximum) draft length")
+    s.add_argument("--policy", default="cost", help="draft length policy: cost (default), fixed, confidence")
+    s.add_argument("-k", "--k", type=_positive_int, default=3, help="(maximum) draft length")
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--seed", type=int, default=0)

@@ -136,7 +136,15 @@ def make_data(target, prompts: list[str], out: str | Path, cfg: DataConfig | Non
         if cfg.chat and spec.chat_template:
             from edgespec.chat import render_chat
 
-            ids = engine.tokenize(render_chat(spec, [{"role": "user", "content": text[:600]}]))
+            # the first 600 characters as the user turn, cut further if the rendered prompt
+            # would not leave room for the new tokens in the context
+            content, budget = text[:600], engine.n_ctx - cfg.new_tokens - 8
+            ids = engine.tokenize(render_chat(spec, [{"role": "user", "content": content}]))
+            while len(ids) > budget and len(content) > 1:
+                ctoks = engine.tokenize(content, add_bos=False, special=False)
+                shorter = engine.detokenize(ctoks[:max(1, len(ctoks) - (len(ids) - budget))])
+                content = shorter[:len(content) - 1]  # always shrinks: the loop ends
+                ids = engine.tokenize(render_chat(spec, [{"role": "user", "content": content}]))
         else:
             ids = engine.tokenize(text)[: cfg.prompt_tokens]
         sp = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + i) \

@@ -26,7 +26,7 @@ from edgespec.runtime.sampling import SamplingParams
 class SpeculativeLlama:
     def __init__(self, model_path: str, n_ctx: int = 512, n_threads: int | None = None,
                  n_batch: int = 512, seed: int | None = None, draft: str | None = "default",
-                 k: int = 3, policy: str = "fixed", verbose: bool = False, **_ignored):
+                 k: int = 3, policy: str = "cost", verbose: bool = False, **_ignored):
         self.model_path = model_path
         self.engine = open_target(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
         self.drafter = make_drafter(draft, self.engine.spec)

@@ -31,7 +31,7 @@ def generate(target: str | Path | LlamaTarget, prompt: str, max_tokens: int = 12
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int | None = None, stop: list[str] | None = None, n_ctx: int = 4096,
              n_threads: int | None = None, draft: str | None = None, k: int = 4,
-             policy: str = "fixed",
+             policy: str = "cost",
              on_text: Callable[[str], None] | None = None) -> Result:
     """Generate a continuation of `prompt`; `on_text` receives each text piece as it streams.
 

@@ -107,14 +107,18 @@ def measure_verify_cost(engine, n_max: int, repeats: int = 5) -> list[float]:
 
 class CostAware(FixedK):
     """Pick k before drafting from running per-position acceptance estimates, then trim the
-    drafted chain with the head's own confidences; both maximise expected tokens per second."""
+    drafted chain with the head's own confidences; both maximise expected tokens per second.
+    Estimates start optimistic (prior 0.8) so a fresh generation drafts at once and learns from
+    what gets accepted (EMA 0.2); each draft source has its own."""
 
     name = "cost"
 
     def __init__(self, k: int, verify_cost: list[float], draft_step_s: float = 0.002,
-                 prior: float = 0.5, ema: float = 0.1, probe_every: int = 16):
+                 prior: float = 0.8, ema: float = 0.2, probe_every: int = 16):
         super().__init__(k)
         self.probe_every, self._since_probe = probe_every, 0
+        self._probe = False  # the next draft is a probe: verify it whole
+        self._skips: dict[str, int] = {}  # per source, drafts trimmed away since its last probe
         if len(verify_cost) < k + 1:
             raise ValueError("verify_cost needs k + 1 entries")
         self.c = verify_cost
@@ -150,18 +154,30 @@ class CostAware(FixedK):
         best = max(self._best(a) for a in (list(self.accs.values()) or [[self.prior] * self.k]))
         if best or not self.k:
             return best
-        # Estimates say "don't draft": probe with one draft now and then so they can recover.
+        # Estimates say "don't draft": probe with a full draft now and then, verified untrimmed,
+        # so that the estimates of every position can recover.
         self._since_probe += 1
         if self._since_probe >= self.probe_every:
             self._since_probe = 0
-            return 1
+            self._probe = True
+            return self.k
         return 0
 
     def trim(self, draft) -> int:
+        if self._probe:
+            self._probe = False
+            return len(draft.tokens)
         acc = self._acc(draft.source)
         if not draft.conf:
-            return self._best(acc[:len(draft.tokens)])
-        return self._best([min(p, a) for p, a in zip(draft.conf, acc)])
+            n = self._best(acc[:len(draft.tokens)])
+        else:
+            n = self._best([min(p, a) for p, a in zip(draft.conf, acc)])
+        if n == 0 and draft.tokens:  # this source does not pay now: verify one in probe_every
+            skips = self._skips.get(draft.source, 0) + 1
+            if skips >= self.probe_every:
+                skips, n = 0, len(draft.tokens)
+            self._skips[draft.source] = skips
+        return n
 
     def update(self, drafted: int, accepted: int, source: str = "") -> None:
         acc = self._acc(source)

@@ -101,7 +101,7 @@ def test_generate_with_default_head_and_bench(tmp_path):
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     assert d["tokens"] == 12 and d["mean_accepted"] >= 1.0 and "speedup" in d
-    assert d["draft"].endswith(".onnx+lookup") and d["draft_policy"] == "fixed"
+    assert d["draft"].endswith(".onnx+lookup") and d["draft_policy"] == "cost"
     out = tmp_path / "b.json"
     res = edgespec("bench", "--target", "gemma3-270m", "--limit", "2", "--max-new-tokens", "8",
                    "--json", str(out))

@@ -9,7 +9,8 @@ def test_cost_policy_drafts_when_verification_is_cheap_and_drafts_good():
     assert cheap.next_k() == 4
     dear = CostAware(4, [0.010, 0.020, 0.030, 0.040, 0.050], draft_step_s=0.002, prior=0.5)
     ks = [dear.next_k() for _ in range(32)]
-    assert ks.count(0) == 30 and ks.count(1) == 2  # only the periodic probes draft
+    assert ks.count(0) == 30 and ks.count(4) == 2  # only the periodic probes draft (all k)
+    assert dear.trim(Draft([1, 2, 3, 4])) == 4  # the last probe is verified untrimmed
 
 
 def test_cost_policy_learns_from_acceptance_and_trims_by_confidence():
@@ -32,4 +33,5 @@ def test_cost_policy_keeps_apart_estimates_per_draft_source():
         p.update(3, 0, "head")
     assert p.next_k() == 3
     assert p.trim(Draft([1, 2, 3], source="lookup")) == 3
-    assert p.trim(Draft([1, 2, 3], conf=[0.9, 0.9, 0.9], source="head")) == 0
+    trims = [p.trim(Draft([1, 2, 3], conf=[0.9, 0.9, 0.9], source="head")) for _ in range(32)]
+    assert trims.count(0) == 30 and trims.count(3) == 2  # head drafts: only probes are verified

@@ -35,3 +35,21 @@ def test_chat_cli_session_commands():
     assert "[history cleared]" in res.stderr
     assert "2 messages in history" in res.stderr and "0 messages in history" in res.stderr
     assert res.stderr.count("tokens/pass") == 2  # one stats line per reply
+
+
+def test_chat_data_cuts_long_prompts_to_fit_the_context(tmp_path):
+    """`edgespec data --chat`: a passage whose chat prompt would overflow the context is cut so
+    the new tokens still fit (it used to stop the whole run)."""
+    import json
+
+    from edgespec.data import DataConfig, make_data, read_data
+
+    src = tmp_path / "p.jsonl"
+    long = "The quick brown fox jumps over the lazy dog near the river bank. " * 12
+    src.write_text(json.dumps({"prompt": long}) + "\n" + json.dumps({"prompt": "Say hi."}) + "\n")
+    cfg = DataConfig(n_prompts=2, prompt_tokens=8, new_tokens=8, sample_share=0.0, chat=True)
+    make_data("smollm2-135m", [str(src)], tmp_path / "d", cfg)
+    _, samples = read_data(tmp_path / "d")
+    budget = cfg.prompt_tokens + cfg.new_tokens + 64 - cfg.new_tokens - 8
+    assert len(samples) == 2 and all(s["prompt_len"] <= budget for s in samples)
+    assert max(s["prompt_len"] for s in samples) > 30  # the long one kept what fits

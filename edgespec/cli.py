@@ -405,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=_positive_int, default=800)
     s.add_argument("--batch", type=_positive_int, default=4)
     s.add_argument("--unroll", type=_positive_int, default=4, help="draft steps unrolled")
-    s.add_argument("--draft-vocab", type=_positive_int, default=8192)
+    s.add_argument("--draft-vocab", type=_positive_int, default=4096)
     s.add_argument("--lr", type=float, default=2e-3)
     s.add_argument("--layer-types", default=None, help="e.g. sliding,global")
     s.add_argument("--seed", type=int, default=0)

@@ -49,7 +49,7 @@ class TrainConfig:
     warmup: int = 100
     clip: float = 1.0
     ce_weight: float = 0.0  # optional cross-entropy on the data token
-    draft_vocab: int = 8192
+    draft_vocab: int = 4096
     seed: int = 0
     save_every: int = 250
     threads: int = 0  # 0: torch's default

@@ -166,8 +166,10 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
             bar.update(1)
     bar.close()
     report = summarize(results, temperature == 0.0)
-    report["target"] = {"name": engine.spec.name, "file": Path(engine.spec.path).name,
-                        "lm_head_type": engine.spec.lm_head_type,
+    onnx_quant = getattr(engine, "meta", {}).get("quant")  # the onnxruntime engine
+    report["target"] = {"name": engine.spec.name, "engine": "onnxruntime" if onnx_quant else "llama.cpp",
+                        "file": str(target) if onnx_quant else Path(engine.spec.path).name,
+                        "lm_head_type": f"ONNX {onnx_quant}" if onnx_quant else engine.spec.lm_head_type,
                         "fingerprint": engine.spec.tokenizer_fingerprint}
     report["settings"] = {"max_new_tokens": max_new_tokens, "temperature": temperature,
                           "prompts": len(prompts), "n_ctx": n_ctx,

@@ -13,7 +13,8 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 def bench_table(path: Path) -> str:
     r = json.loads(path.read_text())
     m0 = r["machine"]
-    lines = [f"`{path.relative_to(ROOT)}`: target file `{r['target']['file']}` (LM head "
+    lines = [f"`{path.relative_to(ROOT)}`: target `{r['target']['file']}` on "
+             f"{r['target'].get('engine', 'llama.cpp')} (LM head "
              f"{r['target']['lm_head_type']}), {r['settings']['prompts']} prompts, "
              f"{r['settings']['max_new_tokens']} new tokens, {m0['cpu']}, {m0['threads']} threads",
              "",

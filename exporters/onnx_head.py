@@ -25,9 +25,60 @@ from pathlib import Path
 
 from edgespec.errors import EdgespecError
 from edgespec.io import atomic_write
+from edgespec.runtime.onnx_session import cache_names
 
 QUANTS = ("fp32", "int8", "int4")
 OPSET = 17
+
+
+def cached_attention(q, k, v, past_k, past_v, position, scale: float, window: int = 0):
+    """One attention call of a decode graph with an explicit KV cache.
+
+    q [1, T, H, D] and k/v [1, T, Hkv, D] (normed, rotated) for positions position..position+T-1;
+    past_k/v [1, Hkv, P, D] hold the P positions just before (a cache trimmed at the front is
+    fine: key positions follow from its length). window > 0 masks keys older than the window.
+    Returns (attention output [1, T, H*D], present key, present value)."""
+    import torch
+
+    t, nh, d = q.shape[1], q.shape[2], q.shape[3]
+    kk = torch.cat([past_k, k.transpose(1, 2)], 2)
+    vv = torch.cat([past_v, v.transpose(1, 2)], 2)
+    n = kk.shape[2]
+    qpos = position + torch.arange(t, dtype=torch.int64)
+    kpos = position + t - n + torch.arange(n, dtype=torch.int64)
+    mask = kpos[None, :] <= qpos[:, None]
+    if window:
+        mask = mask & (kpos[None, :] > qpos[:, None] - window)
+    rep = nh // kk.shape[1]
+    kr = kk.repeat_interleave(rep, dim=1)  # [1, H, N, D]
+    vr = vv.repeat_interleave(rep, dim=1)
+    s = torch.matmul(q.transpose(1, 2), kr.transpose(2, 3)) * scale  # [1, H, T, N]
+    s = s.masked_fill(~mask[None, None], float("-inf"))
+    a = torch.matmul(torch.softmax(s, -1), vr)  # [1, H, T, D]
+    return a.transpose(1, 2).reshape(1, t, nh * d), kk, vv
+
+
+def trace_to_onnx(module, args, ins: list[str], outs: list[str], axes: dict, path) -> None:
+    """Trace with the TorchScript exporter (dynamo=False: plain dynamic_axes, flat tensors in
+    and out). Cache inputs get a dynamic `past` axis and presents a dynamic `total` axis."""
+    import torch
+
+    axes = dict(axes)
+    for n in ins:
+        if n.startswith("past_key_values."):
+            axes[n] = {2: "past"}
+    for n in outs:
+        if n.startswith("present."):
+            axes[n] = {2: "total"}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
+        torch.onnx.export(module, args, str(path), dynamo=False, input_names=ins,
+                          output_names=outs, dynamic_axes=axes, opset_version=OPSET)
+
+
+def cache_io_names(first_in: list[str], first_out: list[str], n_layer: int) -> tuple[list[str], list[str]]:
+    past, present = cache_names(n_layer)
+    return [*first_in, *past], [*first_out, *present]
 
 
 def _graph_module(head):
@@ -48,23 +99,11 @@ def _graph_module(head):
             qpos = position + torch.arange(t, dtype=torch.int64)
             presents = []
             for i, blk in enumerate(h.blocks):
-                pk, pv = past[2 * i], past[2 * i + 1]  # [1, Hkv, P, D]
                 q, k, v = blk.qkv(x, qpos[None])  # q [1, T, H, D], k/v [1, T, Hkv, D]
-                kk = torch.cat([pk, k.transpose(1, 2)], 2)
-                vv = torch.cat([pv, v.transpose(1, 2)], 2)
+                a, kk, vv = cached_attention(q, k, v, past[2 * i], past[2 * i + 1], position,
+                                             blk.scale, c.sliding_window if blk.sliding else 0)
                 presents += [kk, vv]
-                n = kk.shape[2]
-                kpos = position + t - n + torch.arange(n, dtype=torch.int64)
-                mask = kpos[None, :] <= qpos[:, None]
-                if blk.sliding:
-                    mask = mask & (kpos[None, :] > qpos[:, None] - c.sliding_window)
-                rep = c.n_head // c.n_head_kv
-                kr = kk.repeat_interleave(rep, dim=1)  # [1, H, N, D]
-                vr = vv.repeat_interleave(rep, dim=1)
-                s = torch.matmul(q.transpose(1, 2), kr.transpose(2, 3)) * blk.scale  # [1, H, T, N]
-                s = s.masked_fill(~mask[None, None], float("-inf"))
-                a = torch.matmul(torch.softmax(s, -1), vr)  # [1, H, T, D]
-                x = blk.finish(x, a.transpose(1, 2).reshape(1, t, c.n_head * c.head_dim))
+                x = blk.finish(x, a)
             out = h.out_norm(x)[0]
             logits = out[-1:] @ h.lm_head.T
             return (logits, out, *presents)
@@ -106,9 +145,7 @@ def _quantize(model, raw: Path, work: Path, quant: str):
 
 
 def io_names(n_layer: int) -> tuple[list[str], list[str]]:
-    past = [f"past_key_values.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
-    present = [f"present.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
-    return ["tok_emb", "hidden", "position", *past], ["logits", "hidden_out", *present]
+    return cache_io_names(["tok_emb", "hidden", "position"], ["logits", "hidden_out"], n_layer)
 
 
 def write_head_onnx(ckpt: str | Path, out: str | Path, quant: str = "int8") -> dict:
@@ -127,16 +164,9 @@ def write_head_onnx(ckpt: str | Path, out: str | Path, quant: str = "int8") -> d
     args = (torch.randn(T, c.n_embd), torch.randn(T, c.n_embd), torch.tensor(P, dtype=torch.int64),
             *[torch.randn(1, c.n_head_kv, P, c.head_dim) for _ in range(2 * c.n_layer)])
     axes = {"tok_emb": {0: "seq"}, "hidden": {0: "seq"}, "hidden_out": {0: "seq"}}
-    for n in ins[3:]:
-        axes[n] = {2: "past"}
-    for n in outs[2:]:
-        axes[n] = {2: "total"}
     with tempfile.TemporaryDirectory() as td:
         raw = Path(td) / "raw.onnx"
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
-            torch.onnx.export(step, args, str(raw), dynamo=False, input_names=ins,
-                              output_names=outs, dynamic_axes=axes, opset_version=OPSET)
+        trace_to_onnx(step, args, ins, outs, axes, raw)
         model = onnx.load(str(raw))
         with quiet_quantizers():
             model = _quantize(model, raw, Path(td), quant)

@@ -27,11 +27,10 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
-from edgespec.exporters.onnx_head import quiet_quantizers
+from edgespec.exporters.onnx_head import cache_io_names, cached_attention, quiet_quantizers, trace_to_onnx
 from edgespec.io import atomic_write_text
 
 QUANTS = ("fp32", "int8", "int4")
@@ -74,19 +73,9 @@ def _graph_module(model, spec):
                 if gemma:
                     q, k = a.q_norm(q), a.k_norm(k)
                 q, k = rope(q, qpos[None], bases[i]), rope(k, qpos[None], bases[i])
-                kk = torch.cat([past[2 * i], k.transpose(1, 2)], 2)
-                vv = torch.cat([past[2 * i + 1], v.transpose(1, 2)], 2)
+                o, kk, vv = cached_attention(q, k, v, past[2 * i], past[2 * i + 1], position,
+                                             scale, window if sliding[i] else 0)
                 presents += [kk, vv]
-                n = kk.shape[2]
-                kpos = position + t - n + torch.arange(n, dtype=torch.int64)
-                mask = kpos[None, :] <= qpos[:, None]
-                if sliding[i] and window:
-                    mask = mask & (kpos[None, :] > qpos[:, None] - window)
-                kr = kk.repeat_interleave(nh // nkv, dim=1)
-                vr = vv.repeat_interleave(nh // nkv, dim=1)
-                s = torch.matmul(q.transpose(1, 2), kr.transpose(2, 3)) * scale
-                s = s.masked_fill(~mask[None, None], float("-inf"))
-                o = torch.matmul(torch.softmax(s, -1), vr).transpose(1, 2).reshape(1, t, nh * hd)
                 o = a.o_proj(o)
                 if gemma:
                     x = x + layer.post_attention_layernorm(o)
@@ -102,9 +91,7 @@ def _graph_module(model, spec):
 
 
 def io_names(n_layer: int) -> tuple[list[str], list[str]]:
-    past = [f"past_key_values.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
-    present = [f"present.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
-    return ["inputs_embeds", "position", "n_logits", *past], ["logits", "hidden", *present]
+    return cache_io_names(["inputs_embeds", "position", "n_logits"], ["logits", "hidden"], n_layer)
 
 
 def export_graph(model, spec, path: Path) -> None:
@@ -118,14 +105,7 @@ def export_graph(model, spec, path: Path) -> None:
             torch.tensor(2, dtype=torch.int64),
             *[torch.randn(1, spec.n_head_kv, P, spec.head_dim) for _ in range(2 * spec.n_layer)])
     axes = {"inputs_embeds": {0: "seq"}, "hidden": {0: "seq"}, "logits": {0: "n_logits"}}
-    for n in ins[3:]:
-        axes[n] = {2: "past"}
-    for n in outs[2:]:
-        axes[n] = {2: "total"}
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
-        torch.onnx.export(step, args, str(path), dynamo=False, input_names=ins,
-                          output_names=outs, dynamic_axes=axes, opset_version=17)
+    trace_to_onnx(step, args, ins, outs, axes, path)
 
 
 def export_onnx_target(target: str, out_dir: str | Path, quant: str = "int8", check: bool = True,

@@ -15,6 +15,7 @@ import numpy as np
 from edgespec.errors import EdgespecError
 from edgespec.gguf_meta import TensorRows, read_header
 from edgespec.runtime.decoding import Draft
+from edgespec.runtime.onnx_session import cache_names, open_session
 
 
 HEADS_DIR = Path(__file__).resolve().parent / "heads"
@@ -183,17 +184,7 @@ class OnnxHead:
     thread; same interface as NumpyHead. Cache arrays are [1, kv_heads, S, head_dim]."""
 
     def __init__(self, path: str | Path):
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1  # llama.cpp's threads need the cores
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.log_severity_level = 3
-        try:
-            self.sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        except Exception as e:
-            raise EdgespecError(f"{path}: not a loadable ONNX model ({str(e).splitlines()[0]})") from None
+        self.sess = open_session(path, threads=1)  # llama.cpp's threads need the cores
         md = self.sess.get_modelmeta().custom_metadata_map
         if md.get("edgespec.format") != "edgespec-mtp-onnx":
             raise EdgespecError(f"{path}: not an edgespec head (no edgespec metadata)")
@@ -202,10 +193,8 @@ class OnnxHead:
                      "target_fingerprint": md["edgespec.target_fingerprint"],
                      "draft_ids": np.asarray(json.loads(md["edgespec.draft_vocab"]), dtype=np.int64)}
         self.n_layer = len(c["layer_types"])
-        self.past_names = [f"past_key_values.{i}.{kv}" for i in range(self.n_layer)
-                           for kv in ("key", "value")]
-        self.out_names = ["logits", "hidden_out"] + [f"present.{i}.{kv}" for i in range(self.n_layer)
-                                                     for kv in ("key", "value")]
+        self.past_names, present = cache_names(self.n_layer)
+        self.out_names = ["logits", "hidden_out", *present]
         self.reset()
 
     def reset(self) -> None:
@@ -325,7 +314,7 @@ class MixedDrafter:
 
     def propose(self, context: list[int], hidden, k: int, p_min: float = 0.0) -> Draft:
         if hidden is not None and len(hidden):
-            self.pending.append(np.array(hidden, dtype=np.float32))
+            self.pending.append(hidden)  # the decode loop hands over fresh arrays
         d = self.lookup.propose(context, None, k)
         if d.tokens and self.lookup.last_match >= self.min_match:
             return d

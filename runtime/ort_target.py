@@ -19,6 +19,7 @@ import numpy as np
 from edgespec.errors import EdgespecError
 from edgespec.gguf_meta import TensorRows, read_header
 from edgespec.runtime.llama_target import LlamaVocab, default_threads, lc, load_vocab_only
+from edgespec.runtime.onnx_session import cache_names, open_session
 from edgespec.targets import load_target_spec
 
 META_NAME = "edgespec-target.json"
@@ -28,8 +29,6 @@ MARGIN = 64
 class OrtTarget(LlamaVocab):
     def __init__(self, folder: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, spec=None):
-        import onnxruntime as ort
-
         folder = Path(folder)
         meta_path = folder / META_NAME
         if not meta_path.is_file() or not (folder / "model.onnx").is_file():
@@ -48,27 +47,15 @@ class OrtTarget(LlamaVocab):
         self.n_vocab, self.n_embd = meta["n_vocab"], meta["n_embd"]
         self.n_threads = n_threads or default_threads()
         self.n_ctx, self.n_batch = n_ctx, n_batch
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.n_threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.log_severity_level = 3
-        try:
-            self.sess = ort.InferenceSession(str(folder / "model.onnx"), opts,
-                                             providers=["CPUExecutionProvider"])
-        except Exception as e:
-            raise EdgespecError(f"{folder}: onnxruntime could not load the model "
-                                f"({str(e).splitlines()[0]})") from None
+        self.sess = open_session(folder / "model.onnx", self.n_threads)
         self.model_file = folder / "model.onnx.data" if (folder / "model.onnx.data").exists() \
             else folder / "model.onnx"
         self.embed = TensorRows(read_header(self.spec.path), "token_embd.weight")
         self.n_layer = meta["n_layer"]
         self.sliding = [t == "sliding" for t in meta["layer_types"]]
         self.window = meta.get("sliding_window") or 0
-        self.past_names = [f"past_key_values.{i}.{kv}" for i in range(self.n_layer)
-                           for kv in ("key", "value")]
-        self.out_names = ["logits", "hidden"] + [f"present.{i}.{kv}" for i in range(self.n_layer)
-                                                 for kv in ("key", "value")]
+        self.past_names, present = cache_names(self.n_layer)
+        self.out_names = ["logits", "hidden", *present]
         self.n_redecodes = 0
         self.reset()
 
@@ -116,9 +103,9 @@ class OrtTarget(LlamaVocab):
             return
         kept = self.tokens[:n]
         drop = len(self.tokens) - n
-        ok = all(a.shape[2] - drop >= min(n, self.window) if self.sliding[i // 2] else True
-                 for i, a in enumerate(self.kv)) if self.window else True
-        if not ok:  # the trimmed sliding cache no longer covers the window: re-decode
+        need = min(n, self.window)  # keys the next token sees on a sliding layer
+        if any(self.sliding[i // 2] and a.shape[2] - drop < need for i, a in enumerate(self.kv)):
+            # the trimmed sliding cache no longer covers the window: re-decode
             self.n_redecodes += 1
             self.reset()
             self.prefill(kept)

@@ -1,0 +1,28 @@
+"""onnxruntime sessions for edgespec's ONNX files (heads and targets): CPU, sequential, quiet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgespec.errors import EdgespecError
+
+
+def open_session(path: str | Path, threads: int):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise EdgespecError(f"{path}: not a loadable ONNX model ({str(e).splitlines()[0]})") from None
+
+
+def cache_names(n_layer: int) -> tuple[list[str], list[str]]:
+    """(past_key_values.{i}.key/value inputs, present.{i}.key/value outputs), layer by layer."""
+    past = [f"past_key_values.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
+    present = [f"present.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
+    return past, present

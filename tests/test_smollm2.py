@@ -53,3 +53,88 @@ def test_chat_data_cuts_long_prompts_to_fit_the_context(tmp_path):
     budget = cfg.prompt_tokens + cfg.new_tokens + 64 - cfg.new_tokens - 8
     assert len(samples) == 2 and all(s["prompt_len"] <= budget for s in samples)
     assert max(s["prompt_len"] for s in samples) > 30  # the long one kept what fits
+
+
+@pytest.fixture(scope="module")
+def smol_data(tmp_path_factory):
+    """A small data folder written by the real SmolLM2 target."""
+    import json
+
+    from edgespec.data import DataConfig, make_data
+
+    tmp = tmp_path_factory.mktemp("smol")
+    src = tmp / "p.jsonl"
+    lines = [json.dumps({"prompt": f"Write about topic number {i}: rivers, cities and trains."})
+             for i in range(10)]
+    src.write_text("\n".join(lines) + "\n")
+    make_data("smollm2-135m", [str(src)], tmp / "d",
+              DataConfig(n_prompts=10, prompt_tokens=12, new_tokens=16, sample_share=0.0))
+    return tmp / "d"
+
+
+def test_extract_int4_transform_resume_and_settings(tmp_path, smol_data):
+    """`edgespec extract` on the real target: int4 with the channel-scale + DCT transform stays
+    close to the fp16 hidden states (closer than plain int4), a killed run resumes from the
+    manifest, and a folder made with other settings is refused."""
+    import json
+
+    import numpy as np
+
+    from edgespec.errors import EdgespecError
+    from edgespec.features import ExtractConfig, Features, extract
+
+    d = smol_data
+    extract("smollm2-135m", d, tmp_path / "f16", ExtractConfig(dtype="fp16", shard_samples=4))
+    ref = Features(tmp_path / "f16")
+
+    def rel_err(folder):
+        got = Features(folder)
+        assert len(got) == len(ref)
+        num = sum(float(np.square(got.hidden(i) - ref.hidden(i)).sum()) for i in range(len(ref)))
+        return np.sqrt(num / sum(float(np.square(ref.hidden(i)).sum()) for i in range(len(ref))))
+
+    m = extract("smollm2-135m", d, tmp_path / "i4", ExtractConfig(dtype="int4", shard_samples=4))
+    assert m["transform"]["kind"] == "dct" and len(m["transform"]["channel_scale"]) == m["n_embd"]
+    plain = tmp_path / "i4plain"
+    extract("smollm2-135m", d, plain, ExtractConfig(dtype="int4", shard_samples=4, transform="none"))
+    assert rel_err(tmp_path / "i4") < 0.8 * rel_err(plain)
+
+    # a killed run: the manifest lost its last shard and is not complete; extract resumes
+    man = json.loads((tmp_path / "i4" / "manifest.json").read_text())
+    full = [s["sha256"] for s in man["shards"]]
+    man["shards"], man["complete"] = man["shards"][:-1], False
+    (tmp_path / "i4" / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(EdgespecError, match="incomplete"):
+        Features(tmp_path / "i4")
+    m2 = extract("smollm2-135m", d, tmp_path / "i4", ExtractConfig(dtype="int4", shard_samples=4))
+    assert [s["sha256"] for s in m2["shards"]] == full and m2["complete"]
+
+    with pytest.raises(EdgespecError, match="other settings"):
+        extract("smollm2-135m", d, tmp_path / "i4", ExtractConfig(dtype="int4", shard_samples=4, transform="none"))
+
+
+def test_online_training_matches_stored_features(tmp_path, smol_data):
+    """`train --online`: the target computes hidden states during training (equal to what
+    `extract --dtype fp16` stores), nothing goes to disk but the checkpoint, and the CLI asks for
+    exactly one source."""
+    import numpy as np
+
+    from edgespec.cli import main
+    from edgespec.features import ExtractConfig, Features, OnlineFeatures, extract
+    from edgespec.train import TrainConfig, train
+
+    extract("smollm2-135m", smol_data, tmp_path / "f16", ExtractConfig(dtype="fp16"))
+    ref = Features(tmp_path / "f16")
+    online = OnlineFeatures("smollm2-135m", smol_data, cache_mb=1)
+    assert online.sample_ids() == ref.sample_ids() and len(online) == len(ref)
+    for i in (0, len(ref) - 1):
+        assert (online.tokens[i] == ref.tokens[i]).all()
+        np.testing.assert_allclose(online.hidden(i), ref.hidden(i), rtol=2e-2, atol=2e-2 * np.abs(ref.hidden(i)).max())
+    cfg = TrainConfig(steps=3, batch=2, seq_len=16, n_steps=2, draft_vocab=64, warmup=1, save_every=3)
+    meta = train("smollm2-135m", online, tmp_path / "head", cfg, log=lambda m: None)
+    assert meta["train"]["features_dtype"] == "online" and meta["train"]["online"]["target_tokens"] > 0
+    assert sorted(p.name for p in (tmp_path / "head").iterdir()) == ["config.json", "model.safetensors",
+                                                                       "train_state.pt"]
+    assert main(["train", "--target", "smollm2-135m", "--online", "--out", str(tmp_path / "x")]) == 2
+    assert main(["train", "--target", "smollm2-135m", "--features", str(tmp_path / "f16"), "--online",
+                 "--data", str(smol_data), "--out", str(tmp_path / "x")]) == 2

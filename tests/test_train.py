@@ -95,6 +95,10 @@ def test_train_learns_resumes_and_evaluates(tiny):
     r = eval_head(tmp / "head", feats, max_chain=3)
     assert r["samples"] >= 1 and len(r["acceptance_by_position"]) == 3
     assert 0.0 <= r["expected_accepted"]["1"] <= 1.0
+    late = eval_head(tmp / "head", feats, max_chain=3, start_from=10)  # samples are 30 long
+    assert late["positions"] == r["positions"] - 10 * r["samples"]
+    with pytest.raises(EdgespecError, match="longer than --start-from"):
+        eval_head(tmp / "head", feats, max_chain=3, start_from=30)
     with pytest.raises(EdgespecError, match="already holds a checkpoint"):
         train(str(path), feats, tmp / "head", small_cfg(), head_overrides=HEAD, log=lambda m: None)
 

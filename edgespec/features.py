@@ -228,6 +228,7 @@ class _Samples:
     """Per sample token ids (`tokens`) and `hidden(i)`; what training and evaluation read."""
 
     tokens: list[np.ndarray]
+    _ids: list[int]  # the data-sample index of each sample
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -235,6 +236,14 @@ class _Samples:
     @property
     def n_tokens(self) -> int:
         return int(sum(len(t) for t in self.tokens))
+
+    def sample_ids(self) -> list[int]:
+        return list(self._ids)
+
+
+def open_features(features) -> "_Samples":
+    """A features folder path, or an already open `Features`/`OnlineFeatures`."""
+    return features if isinstance(features, _Samples) else Features(features)
 
 
 class Features(_Samples):
@@ -256,6 +265,7 @@ class Features(_Samples):
         self.fingerprint, self.n_embd = m["target_fingerprint"], m["n_embd"]
         self.tokens: list[np.ndarray] = []  # per sample
         self._where: list[tuple[int, int, int]] = []  # (shard, start, end) per sample
+        self._ids = []
         self._shards = []
         for i, s in enumerate(m["shards"]):
             path = folder / s["file"]
@@ -274,12 +284,9 @@ class Features(_Samples):
             for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(seq)]):
                 self.tokens.append(toks[a:b])
                 self._where.append((i, int(a), int(b)))
+                self._ids.append(int(seq[a]))
         if not self.tokens:
             raise EdgespecError(f"{folder}: no samples")
-
-    def sample_ids(self) -> list[int]:
-        """The data-sample index of each feature sample (kept in the shards' `seq`)."""
-        return [int(self._shards[shard].get_slice("seq")[a:a + 1][0]) for shard, a, _ in self._where]
 
     def hidden(self, i: int) -> np.ndarray:
         """Hidden states of sample i: [T, E] float32 (dequantized)."""
@@ -320,9 +327,6 @@ class OnlineFeatures(_Samples):
         self._budget, self._used = cache_mb << 20, 0
         self.target_tokens = 0  # tokens the target ran so far (cache misses)
         self.target_seconds = 0.0
-
-    def sample_ids(self) -> list[int]:
-        return list(self._ids)
 
     def hidden(self, i: int) -> np.ndarray:
         if i in self._cache:

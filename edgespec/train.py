@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from edgespec.errors import EdgespecError
-from edgespec.features import Features
+from edgespec.features import Features, open_features
 from edgespec.gguf_meta import TensorRows, read_header
 from edgespec.head import HeadConfig, MTPHead
 from edgespec.io import atomic_write, atomic_write_text, progress, read_json
@@ -259,11 +259,11 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     spec = load_target_spec(target)
-    feats = features if hasattr(features, "sample_ids") else Features(features)
+    feats = open_features(features)
     if feats.fingerprint != spec.tokenizer_fingerprint:
         raise EdgespecError(f"{features} holds features of another target (fingerprint "
                             f"{feats.fingerprint} != {spec.tokenizer_fingerprint})")
-    seq_index = [int(s) for s in feats.sample_ids()]
+    seq_index = feats.sample_ids()
     train_idx = [i for i, s in enumerate(seq_index) if not is_eval(s)]
     if len(train_idx) < 2 or feats.n_tokens < 200:
         raise EdgespecError(f"{features}: too little data ({len(feats)} samples, "
@@ -362,7 +362,7 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
     sliding window.
     """
     head, meta = load_checkpoint(ckpt)
-    feats = features if hasattr(features, "sample_ids") else Features(features)
+    feats = open_features(features)
     if feats.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{features} holds features of another target than the head's")
     seq_index = feats.sample_ids()

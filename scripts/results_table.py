@@ -10,6 +10,12 @@ ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
+def table(intro: str, header: list[str], rows: list[list]) -> str:
+    """A paragraph, then a markdown table."""
+    line = lambda cells: "| " + " | ".join(str(c) for c in cells) + " |"  # noqa: E731
+    return "\n".join([intro, "", line(header), "|" + "---|" * len(header), *map(line, rows)])
+
+
 def bench_table(path: Path) -> str:
     r = json.loads(path.read_text())
     m0 = r["machine"]
@@ -66,58 +72,53 @@ def main():
     abl = ROOT / "results" / "ablation-storage.json"
     if abl.exists():
         r = json.loads(abl.read_text())
-        rows = ["Storage ablation (`results/ablation-storage.json`, `scripts/storage_ablation.sh`): same "
-                f"data, {r['steps']} training steps each, evaluated on the same held-out fp16 features.",
-                "", "| hidden states | transform | bytes/token | vs fp16 | expected accepted, k=1 | k=2 | k=4 "
-                "| k=8 | k=4 vs fp16 |", "|---|---|---|---|---|---|---|---|---|"]
         base = r["rows"]["fp16"]
+        rows = []
         for d, row in r["rows"].items():
             e = row["expected_accepted"]
-            rows.append(f"| {d} | {row.get('transform', 'none')} | {row['bytes_per_token']:.0f} | "
-                        f"{base['bytes_per_token'] / row['bytes_per_token']:.2f}x smaller | "
-                        f"{e['1']:.3f} | {e['2']:.3f} | {e['4']:.3f} | {e['8']:.3f} | "
-                        f"{e['4'] / base['expected_accepted']['4'] - 1:+.1%} |")
-        parts.append("\n".join(rows))
+            rows.append([d, row.get("transform", "none"), f"{row['bytes_per_token']:.0f}",
+                         f"{base['bytes_per_token'] / row['bytes_per_token']:.2f}x smaller",
+                         *(f"{e[k]:.3f}" for k in "1248"),
+                         f"{e['4'] / base['expected_accepted']['4'] - 1:+.1%}"])
+        parts.append(table("Storage ablation (`results/ablation-storage.json`, `scripts/storage_ablation.sh`): "
+                           f"same data, {r['steps']} training steps each, evaluated on the same held-out fp16 "
+                           "features.", ["hidden states", "transform", "bytes/token", "vs fp16",
+                                         "expected accepted, k=1", "k=2", "k=4", "k=8", "k=4 vs fp16"], rows))
     opt = ROOT / "results" / "ablation-optimizer.json"
     if opt.exists():
         r = json.loads(opt.read_text())
-        rows = ["Optimizer ablation (`results/ablation-optimizer.json`, `scripts/optimizer_ablation.sh`): "
-                f"same int4 features, seed and {r['steps']} steps, evaluated on held-out fp16 features.",
-                "", "| optimizer | lr | final loss | expected accepted, k=1 | k=2 | k=4 | k=8 | "
-                "acceptance by position 1-4 | train s |", "|---|---|---|---|---|---|---|---|---|"]
+        rows = []
         for o, row in r["rows"].items():
             e = row["expected_accepted"]
-            acc = " ".join(f"{a:.2f}" for a in row["acceptance_by_position"][:4])
-            rows.append(f"| {o} | {row['lr']} | {row['final_loss']:.3f} | {e['1']:.3f} | {e['2']:.3f} | "
-                        f"{e['4']:.3f} | {e['8']:.3f} | {acc} | {row['seconds']:.0f} |")
-        parts.append("\n".join(rows))
+            rows.append([o, row["lr"], f"{row['final_loss']:.3f}", *(f"{e[k]:.3f}" for k in "1248"),
+                         " ".join(f"{a:.2f}" for a in row["acceptance_by_position"][:4]), f"{row['seconds']:.0f}"])
+        parts.append(table("Optimizer ablation (`results/ablation-optimizer.json`, `scripts/optimizer_ablation.sh`): "
+                           f"same int4 features, seed and {r['steps']} steps, evaluated on held-out fp16 features.",
+                           ["optimizer", "lr", "final loss", "expected accepted, k=1", "k=2", "k=4", "k=8",
+                            "acceptance by position 1-4", "train s"], rows))
     win = ROOT / "results" / "ablation-window.json"
     if win.exists():
         r = json.loads(win.read_text())
-        rows = ["Sliding vs global head attention (`results/ablation-window.json`, "
-                f"`scripts/window_ablation.sh`): {r['note']}; {r['steps']} steps, batch {r['batch']} x "
-                f"{r['seq_len']} positions, same seed.", "",
-                "| head layers | chain starts | expected accepted, k=1 | k=2 | k=4 | starts past the window | "
-                "k=1 | k=2 | k=4 | train s |", "|---|---|---|---|---|---|---|---|---|---|"]
+        rows = []
         for row in r["rows"].values():
             a, w = row["all_starts"], row["past_window"]
-            ea, ew = a["expected_accepted"], w["expected_accepted"]
-            rows.append(f"| {', '.join(row['layer_types'])} | {a['positions']} | {ea['1']:.3f} | {ea['2']:.3f} | "
-                        f"{ea['4']:.3f} | {w['positions']} | {ew['1']:.3f} | {ew['2']:.3f} | {ew['4']:.3f} | "
-                        f"{row['seconds']:.0f} |")
-        parts.append("\n".join(rows))
+            rows.append([", ".join(row["layer_types"]), a["positions"],
+                         *(f"{a['expected_accepted'][k]:.3f}" for k in "124"), w["positions"],
+                         *(f"{w['expected_accepted'][k]:.3f}" for k in "124"), f"{row['seconds']:.0f}"])
+        parts.append(table("Sliding vs global head attention (`results/ablation-window.json`, "
+                           f"`scripts/window_ablation.sh`): {r['note']}; {r['steps']} steps, batch {r['batch']} x "
+                           f"{r['seq_len']} positions, same seed.",
+                           ["head layers", "chain starts", "expected accepted, k=1", "k=2", "k=4",
+                            "starts past the window", "k=1", "k=2", "k=4", "train s"], rows))
     for p in sorted((ROOT / "results").glob("export-head-*.json")):
         r = json.loads(p.read_text())
-        rows = [f"Head exports for {r['target']} (`{p.relative_to(ROOT)}`, `scripts/ship_head.sh`), "
-                "each checked against the trained torch head on held-out hidden states:", "",
-                "| file | runtime | MB | top-1 agreement | max logit error | ms/draft step | shipped |",
-                "|---|---|---|---|---|---|---|"]
-        for e in r["exports"]:
-            c = e["check"]
-            rows.append(f"| {Path(e['out']).name} | {c['runtime']} | {e['bytes'] / 2**20:.1f} | "
-                        f"{c['top1_agreement']:.3f} | {c['max_logit_error']:.3f} | "
-                        f"{c['ms_per_draft_step']:.2f} | {'yes' if e['shipped'] else ''} |")
-        parts.append("\n".join(rows))
+        rows = [[Path(e["out"]).name, e["check"]["runtime"], f"{e['bytes'] / 2**20:.1f}",
+                 f"{e['check']['top1_agreement']:.3f}", f"{e['check']['max_logit_error']:.3f}",
+                 f"{e['check']['ms_per_draft_step']:.2f}", "yes" if e["shipped"] else ""] for e in r["exports"]]
+        parts.append(table(f"Head exports for {r['target']} (`{p.relative_to(ROOT)}`, `scripts/ship_head.sh`), "
+                           "each checked against the trained torch head on held-out hidden states:",
+                           ["file", "runtime", "MB", "top-1 agreement", "max logit error", "ms/draft step",
+                            "shipped"], rows))
     block = BEGIN + "\n" + "\n\n".join(parts) + "\n" + END
     readme = ROOT / "README.md"
     text = readme.read_text()

@@ -59,17 +59,25 @@ def test_head_gguf_roundtrip(tmp_path, quant, min_agree):
     assert agree >= min_agree, agree
 
 
+def assert_writer_refuses_bad_inputs(write, tmp_path, suffix: str, bad_quant: str, quant: str):
+    """An unknown quant, a folder that is no checkpoint, an unwritable path: a clear error and
+    no file left at the output path. Returns the good checkpoint for further checks."""
+    _, ckpt = make_ckpt(tmp_path)
+    out = tmp_path / f"x{suffix}"
+    with pytest.raises(EdgespecError, match="unknown --quant"):
+        write(ckpt, out, bad_quant)
+    with pytest.raises(EdgespecError, match="not a head checkpoint"):
+        write(tmp_path, out, quant)
+    with pytest.raises(EdgespecError, match="cannot write|write failed|no such"):
+        write(ckpt, tmp_path / "missing-dir" / out.name, quant)
+    assert not out.exists()
+    return ckpt
+
+
 def test_head_gguf_bad_inputs(tmp_path):
     from edgespec.exporters.gguf_head import read_head_gguf, write_head_gguf
 
-    _, ckpt = make_ckpt(tmp_path)
-    with pytest.raises(EdgespecError, match="unknown --quant"):
-        write_head_gguf(ckpt, tmp_path / "x.gguf", "q3_zz")
-    with pytest.raises(EdgespecError, match="not a head checkpoint"):
-        write_head_gguf(tmp_path, tmp_path / "x.gguf", "q8_0")
-    with pytest.raises(EdgespecError, match="cannot write|write failed|no such"):
-        write_head_gguf(ckpt, tmp_path / "missing-dir" / "x.gguf", "q8_0")
-    assert not (tmp_path / "x.gguf").exists()
+    assert_writer_refuses_bad_inputs(write_head_gguf, tmp_path, ".gguf", "q3_zz", "q8_0")
     target = write_tiny_gguf(tmp_path / "t.gguf")
     with pytest.raises(EdgespecError, match="not an edgespec head"):
         read_head_gguf(target)
@@ -168,14 +176,7 @@ def test_head_onnx_bad_inputs(tmp_path):
     from edgespec.exporters.onnx_head import write_head_onnx
     from edgespec.runtime.drafters import HeadDrafter, OnnxHead
 
-    _, ckpt = make_ckpt(tmp_path)
-    with pytest.raises(EdgespecError, match="unknown --quant"):
-        write_head_onnx(ckpt, tmp_path / "x.onnx", "int3")
-    with pytest.raises(EdgespecError, match="not a head checkpoint"):
-        write_head_onnx(tmp_path, tmp_path / "x.onnx", "int8")
-    with pytest.raises(EdgespecError, match="cannot write|write failed|no such"):
-        write_head_onnx(ckpt, tmp_path / "missing-dir" / "x.onnx", "int8")
-    assert not (tmp_path / "x.onnx").exists()
+    ckpt = assert_writer_refuses_bad_inputs(write_head_onnx, tmp_path, ".onnx", "int3", "int8")
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
     with pytest.raises(EdgespecError, match="not a loadable ONNX model"):
         OnnxHead(tmp_path / "junk.onnx")

@@ -28,8 +28,9 @@ class Method:
     name: str  # label in the report
     kind: str  # target | lookup | edgespec
     draft: str | None = None  # head folder for edgespec
-    k: int = 4
+    k: int | None = 4  # None: the engine's draft_k
     policy: str = "fixed"
+    engine: str = "main"  # "baseline": target-only on the --baseline target file
 
 
 @dataclass
@@ -112,7 +113,10 @@ def machine_info(threads: int) -> dict:
 
 def bench(target: str, prompts: list[dict], methods: list[Method], max_new_tokens: int = 128,
           threads: int | None = None, temperature: float = 0.0, seed: int = 0, n_ctx: int = 4096,
-          device: dict | None = None) -> dict:
+          device: dict | None = None, baseline: str | None = None) -> dict:
+    """`baseline`: another file of the same target (e.g. the shipped GGUF next to an export),
+    decoded target-only in the same interleaved run; every method then also gets its speedup
+    against it."""
     from edgespec.runtime.decoding import FixedK, Generation
     from edgespec.runtime.generate import make_drafter, open_target
     from edgespec.runtime.policies import make_policy
@@ -120,6 +124,9 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
 
     engine = open_target(target, n_ctx=n_ctx, n_threads=threads)
     rss_target = _current_rss_mb()
+    for m in methods:
+        if m.k is None:
+            m.k = engine.draft_k
     drafters = {}
     for m in methods:
         if m.kind == "lookup":
@@ -127,12 +134,19 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         elif m.kind == "edgespec":
             drafters[m.name] = make_drafter(m.draft, engine.spec)
     rss_all = _current_rss_mb()
+    engines = {"main": engine}
+    if baseline:
+        engines["baseline"] = open_target(baseline, n_ctx=n_ctx, n_threads=threads)
+        if engines["baseline"].spec.tokenizer_fingerprint != engine.spec.tokenizer_fingerprint:
+            raise EdgespecError(f"--baseline {baseline} is not a file of target {engine.spec.name}")
+        methods = [*methods, Method("baseline", "target", k=0, engine="baseline")]
     sp = SamplingParams(temperature=temperature, seed=seed)
 
     def run(m: Method, ids: list[int]):
         d = drafters.get(m.name)
-        policy = make_policy(m.policy, m.k, engine) if d else FixedK(0)
-        g = Generation(engine, ids, sp, max_tokens=max_new_tokens, drafter=d, policy=policy)
+        eng = engines[m.engine]
+        policy = make_policy(m.policy, m.k, eng) if d else FixedK(0)
+        g = Generation(eng, ids, sp, max_tokens=max_new_tokens, drafter=d, policy=policy)
         for _ in g:
             pass
         return g
@@ -169,20 +183,37 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     onnx_quant = getattr(engine, "meta", {}).get("quant")  # the onnxruntime engine
     report["target"] = {"name": engine.spec.name, "engine": "onnxruntime" if onnx_quant else "llama.cpp",
                         "file": str(target) if onnx_quant else Path(engine.spec.path).name,
-                        "lm_head_type": f"ONNX {onnx_quant}" if onnx_quant else engine.spec.lm_head_type,
+                        "lm_head_type": _lm_head_label(engine),
                         "fingerprint": engine.spec.tokenizer_fingerprint}
     report["settings"] = {"max_new_tokens": max_new_tokens, "temperature": temperature,
                           "prompts": len(prompts), "n_ctx": n_ctx,
                           "methods": [m.__dict__ for m in methods]}
+    if baseline:
+        b = engines["baseline"]
+        report["baseline"] = {"file": str(baseline) if getattr(b, "meta", None) else Path(b.spec.path).name,
+                              "engine": "onnxruntime" if getattr(b, "meta", None) else "llama.cpp"}
+        b.close()
     report["memory"] = {"rss_after_target_mb": round(rss_target, 1),
                         "rss_after_drafters_mb": round(rss_all, 1),
                         "peak_rss_mb": round(_rss_mb(), 1),
-                        "drafters_share_of_target": round((rss_all - rss_target) / rss_target, 4)}
+                        "drafters_share_of_target": round((rss_all - rss_target) / rss_target, 4),
+                        "peak_includes_baseline": bool(baseline)}
     report["machine"] = machine_info(engine.n_threads)
     if device:
         report["device"] = device
     engine.close()
     return report
+
+
+def _lm_head_label(engine) -> str:
+    meta = getattr(engine, "meta", None)  # the onnxruntime engine
+    if not meta:
+        return engine.spec.lm_head_type
+    lm = meta.get("lm_head", {"kind": "full"})
+    if lm["kind"] == "lowrank":
+        return (f"ONNX {meta['quant']}; greedy: rank-{lm['rank']} search, {lm['candidates']} "
+                f"candidates rescored from {lm['rescore']}")
+    return f"ONNX {meta['quant']}"
 
 
 def _agg(rows: list[dict]) -> dict:
@@ -207,15 +238,22 @@ def _agg(rows: list[dict]) -> dict:
     }
 
 
+def _ratios(rows: list[dict], base: list[dict]) -> list[float]:
+    """Per-prompt decode speed of rows over base."""
+    return [(r["tokens"] / r["decode_s"]) / (b["tokens"] / b["decode_s"])
+            for r, b in zip(rows, base) if r["decode_s"] > 0 and b["decode_s"] > 0]
+
+
 def summarize(results: dict[str, MethodResult], greedy: bool) -> dict:
     base = results["target"].per_prompt
     methods = {}
     for name, res in results.items():
         rows = res.per_prompt
         agg = _agg(rows)
-        ratios = [(r["tokens"] / r["decode_s"]) / (b["tokens"] / b["decode_s"])
-                  for r, b in zip(rows, base) if r["decode_s"] > 0 and b["decode_s"] > 0]
+        ratios = _ratios(rows, base)
         agg["speedup"] = round(statistics.median(ratios), 4) if ratios else 0.0
+        if "baseline" in results:
+            agg["speedup_vs_baseline"] = round(statistics.median(_ratios(rows, results["baseline"].per_prompt)), 4)
         if greedy:
             same, prefix = 0, []
             for r, b in zip(rows, base):
@@ -230,8 +268,7 @@ def summarize(results: dict[str, MethodResult], greedy: bool) -> dict:
         for kind in kinds:
             sel = [i for i, r in enumerate(rows) if str(r["labels"].get("kind", "all")) == kind]
             ka = _agg([rows[i] for i in sel])
-            kr = [(rows[i]["tokens"] / rows[i]["decode_s"]) / (base[i]["tokens"] / base[i]["decode_s"])
-                  for i in sel if rows[i]["decode_s"] > 0 and base[i]["decode_s"] > 0]
+            kr = _ratios([rows[i] for i in sel], [base[i] for i in sel])
             agg["by_kind"][kind] = {"prompts": len(sel), "tokens_per_s": ka["tokens_per_s"],
                                     "speedup": round(statistics.median(kr), 4) if kr else 0.0,
                                     "mean_accepted": ka["mean_accepted"]}
@@ -247,6 +284,9 @@ def format_table(report: dict) -> str:
                      " ".join(f"{a:.2f}" for a in m["acceptance_by_position"][:6]) or "-",
                      f"{m['ms_per_draft_step']:.2f}", f"{m['ms_per_verify']:.2f}",
                      f"{m.get('same_as_target_share', float('nan')):.2f}"))
+    if "baseline" in report:
+        rows[0] = (*rows[0], "vs baseline")
+        rows[1:] = [(*r, f"{m['speedup_vs_baseline']:.2f}x") for r, m in zip(rows[1:], report["methods"].values())]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     kinds = sorted({k for m in report["methods"].values() for k in m["by_kind"]})

@@ -188,7 +188,7 @@ def _cmd_bench(args) -> int:
         device, threads = apply_profile(args.device, threads)
     report = b.bench(args.target, prompts, methods, max_new_tokens=args.max_new_tokens,
                      threads=threads, temperature=args.temperature, seed=args.seed,
-                     device=device)
+                     device=device, baseline=args.baseline)
     print(b.format_table(report))
     if args.json:
         b.write_report(report, args.json)
@@ -263,7 +263,8 @@ def _cmd_export(args) -> int:
         from edgespec.exporters.onnx_target import export_onnx_target
 
         r = export_onnx_target(args.source, args.out, quant=args.quant or "int8",
-                               check=not args.no_check, log=lambda m: print(m, file=sys.stderr))
+                               check=not args.no_check, log=lambda m: print(m, file=sys.stderr),
+                               lm_head=args.lm_head, rank=args.rank, candidates=args.candidates)
     elif args.kind in ("gguf", "onnx"):
         from edgespec.exporters.check import check_head_export
 
@@ -287,6 +288,10 @@ def _cmd_export(args) -> int:
         for k, v in r.items():
             print(f"{k:22s} {v}")
     return 0
+
+
+K_HELP = ("most tokens drafted per step (default: the engine's, 3 on llama.cpp where checking k "
+          "tokens costs nearly k decodes, 6 on onnxruntime where it costs far less)")
 
 
 def _positive_int(v: str) -> int:
@@ -328,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--draft", default="none",
                    help="none, lookup, default (shipped head + lookup), a head file/folder, head:default, head:PATH")
-    s.add_argument("-k", "--k", type=_positive_int, default=3, help="(maximum) draft length")
+    s.add_argument("-k", "--k", type=_positive_int, default=None, help=K_HELP)
     s.add_argument("--policy", default="cost", choices=["fixed", "confidence", "cost"],
                    help="draft length policy")
     s.add_argument("--compare", action="store_true",
@@ -341,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--draft", default="lookup",
                    help="none, lookup (default), default (shipped head + lookup), a head path, head:PATH")
     s.add_argument("--policy", default="cost", choices=["fixed", "confidence", "cost"])
-    s.add_argument("-k", "--k", type=_positive_int, default=3)
+    s.add_argument("-k", "--k", type=_positive_int, default=None, help=K_HELP)
     s.add_argument("--max-tokens", type=_positive_int, default=256)
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--seed", type=int, default=None)
@@ -358,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--methods", default="target,lookup,edgespec",
                    help="comma list; edgespec:POLICY runs a head with its own policy")
     s.add_argument("--policy", default="cost", help="draft length policy: cost (default), fixed, confidence")
-    s.add_argument("-k", "--k", type=_positive_int, default=3, help="(maximum) draft length")
+    s.add_argument("-k", "--k", type=_positive_int, default=None, help=K_HELP)
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--temperature", type=float, default=0.0)
     s.add_argument("--seed", type=int, default=0)
@@ -366,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default=None, help="apply a device profile (see `edgespec devices`)")
     s.add_argument("--json", default=None, help="write the full report here")
     s.add_argument("--plot", default=None, help="draw tokens/s and acceptance to this PNG")
+    s.add_argument("--baseline", default=None,
+                   help="another file of the same target (e.g. the shipped GGUF) decoded "
+                        "target-only in the same run; speedups against it are reported too")
     s.set_defaults(func=_cmd_bench)
 
     s = sub.add_parser("export", help="export a head (gguf) or a verify-friendly target (target)")
@@ -376,6 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--head-type", default="Q4_0", help="target: LM head tensor type")
     s.add_argument("--mode", default="untie", choices=["untie", "requantize"],
                    help="target: add a separate LM head (default) or re-quantize the tied one")
+    s.add_argument("--lm-head", default="lowrank", choices=["lowrank", "full"],
+                   help="onnx-target: greedy decoding takes the top logit from a low-rank "
+                        "candidate search rescored exactly (default), or computes every logit")
+    s.add_argument("--rank", type=_positive_int, default=256, help="onnx-target: low-rank LM head rank")
+    s.add_argument("--candidates", type=_positive_int, default=64,
+                   help="onnx-target: candidates per position rescored exactly")
     s.add_argument("--check", action="store_true", help="check the export against the trained head")
     s.add_argument("--no-check", action="store_true", help="target: skip the cost/agreement report")
     s.add_argument("--features", default=None, help="recorded inputs for --check")

@@ -187,3 +187,17 @@ class TensorRows:
         """rows: int array or slice -> float32 [n, n_cols]."""
         out = self._dequantize(np.asarray(self._raw[rows]), self.qtype).astype(np.float32, copy=False)
         return out if out.flags.writeable else out.copy()  # F32 rows are views of the file
+
+    def dot_rows(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """rows [T, m] int, x [T, n_cols] -> [T, m]: row rows[t, j] of the tensor dotted with x[t],
+        from the stored values (Q8_0 blocks are read in place, other types dequantized)."""
+        rows = np.asarray(rows)
+        t, m = rows.shape
+        x = np.asarray(x, dtype=np.float32)
+        if self.qtype == GGMLQuantizationType.Q8_0:  # 32 values a block: f16 scale + 32 x int8
+            blocks = self._raw[rows.ravel()].reshape(t, m, -1, 34)
+            scale = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+            q = blocks[..., 2:].view(np.int8).astype(np.float32)
+            return (np.einsum("tmbk,tbk->tmb", q, x.reshape(t, -1, 32)) * scale).sum(-1)
+        w = self[rows.ravel()].reshape(t, m, self.n_cols)
+        return np.einsum("tmk,tk->tm", w, x)

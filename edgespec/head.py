@@ -64,15 +64,23 @@ class RMSNorm(nn.Module):
         return (y * (1.0 + self.weight.float())).type_as(x)
 
 
-def rope(x, pos, base: float):
-    """Rotate-half RoPE (as Gemma/llama in HF layout). x: [..., T, H, D], pos: [..., T]."""
-    d = x.shape[-1]
-    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+def rope_tables(pos, d: int, base: float):
+    """cos, sin [..., T, 1, d] of rotate-half RoPE for positions pos [..., T]."""
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32, device=pos.device) / d))
     ang = pos.float()[..., None] * inv  # [..., T, D/2]
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[..., None, :]  # [..., T, 1, D]
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[..., None, :]
+    ang = torch.cat([ang, ang], -1)[..., None, :]
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x, cos, sin):
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def rope(x, pos, base: float):
+    """Rotate-half RoPE (as Gemma/llama in HF layout). x: [..., T, H, D], pos: [..., T]."""
+    return apply_rope(x, *rope_tables(pos, x.shape[-1], base))
 
 
 class Block(nn.Module):

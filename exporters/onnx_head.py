@@ -32,30 +32,40 @@ QUANTS = ("fp32", "int8", "int4")
 OPSET = 17
 
 
-def cached_attention(q, k, v, past_k, past_v, position, scale: float, window: int = 0):
-    """One attention call of a decode graph with an explicit KV cache.
-
-    q [1, T, H, D] and k/v [1, T, Hkv, D] (normed, rotated) for positions position..position+T-1;
-    past_k/v [1, Hkv, P, D] hold the P positions just before (a cache trimmed at the front is
-    fine: key positions follow from its length). window > 0 masks keys older than the window.
-    Returns (attention output [1, T, H*D], present key, present value)."""
+def attention_mask(position, t: int, n, window: int = 0):
+    """[T, N] bool: which of N cached + new keys each of the T queries at position.. may see."""
     import torch
 
-    t, nh, d = q.shape[1], q.shape[2], q.shape[3]
-    kk = torch.cat([past_k, k.transpose(1, 2)], 2)
-    vv = torch.cat([past_v, v.transpose(1, 2)], 2)
-    n = kk.shape[2]
     qpos = position + torch.arange(t, dtype=torch.int64)
     kpos = position + t - n + torch.arange(n, dtype=torch.int64)
     mask = kpos[None, :] <= qpos[:, None]
     if window:
         mask = mask & (kpos[None, :] > qpos[:, None] - window)
-    rep = nh // kk.shape[1]
-    kr = kk.repeat_interleave(rep, dim=1)  # [1, H, N, D]
-    vr = vv.repeat_interleave(rep, dim=1)
-    s = torch.matmul(q.transpose(1, 2), kr.transpose(2, 3)) * scale  # [1, H, T, N]
+    return mask
+
+
+def cached_attention(q, k, v, past_k, past_v, position, scale: float, window: int = 0, mask=None):
+    """One attention call of a decode graph with an explicit KV cache.
+
+    q [1, T, H, D] and k/v [1, T, Hkv, D] (normed, rotated) for positions position..position+T-1;
+    past_k/v [1, Hkv, P, D] hold the P positions just before (a cache trimmed at the front is
+    fine: key positions follow from its length). window > 0 masks keys older than the window;
+    `mask` (from attention_mask) may be given instead, shared by layers with equal caches.
+    Query heads are grouped by their KV head ([1, Hkv, rep * T, D]) so the cache is never
+    repeated. Returns (attention output [1, T, H*D], present key, present value)."""
+    import torch
+
+    t, nh, d = q.shape[1], q.shape[2], q.shape[3]
+    kk = torch.cat([past_k, k.transpose(1, 2)], 2)
+    vv = torch.cat([past_v, v.transpose(1, 2)], 2)
+    n, nkv = kk.shape[2], kk.shape[1]
+    if mask is None:
+        mask = attention_mask(position, t, n, window)
+    qg = q.transpose(1, 2).reshape(1, nkv, (nh // nkv) * t, d)  # heads g*rep .. g*rep+rep-1
+    s = torch.matmul(qg, kk.transpose(2, 3)).reshape(1, nh, t, n) * scale
     s = s.masked_fill(~mask[None, None], float("-inf"))
-    a = torch.matmul(torch.softmax(s, -1), vr)  # [1, H, T, D]
+    p = torch.softmax(s, -1).reshape(1, nkv, (nh // nkv) * t, n)
+    a = torch.matmul(p, vv).reshape(1, nh, t, d)
     return a.transpose(1, 2).reshape(1, t, nh * d), kk, vv
 
 
@@ -134,7 +144,7 @@ def _projection_matmuls(model, c) -> list[str]:
             if n.op_type == "MatMul" and shapes.get(n.input[1]) in wanted]
 
 
-def _nbits(model, bits: int, exclude=()):
+def nbits_quantize(model, bits: int, exclude=()):
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     qz = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True, accuracy_level=4,
@@ -159,9 +169,9 @@ def _quantize(model, raw: Path, work: Path, quant: str, c):
         q = work / "q.onnx"
         quantize_dynamic(str(raw), str(q), weight_type=QuantType.QInt8, per_channel=True,
                          nodes_to_exclude=keep)
-        return _nbits(onnx.load(str(q)), 8, exclude=others)
+        return nbits_quantize(onnx.load(str(q)), 8, exclude=others)
     if quant == "int4":
-        return _nbits(_nbits(model, 8, exclude=others), 4)
+        return nbits_quantize(nbits_quantize(model, 8, exclude=others), 4)
     return model
 
 

@@ -26,7 +26,7 @@ from edgespec.runtime.sampling import SamplingParams
 class SpeculativeLlama:
     def __init__(self, model_path: str, n_ctx: int = 512, n_threads: int | None = None,
                  n_batch: int = 512, seed: int | None = None, draft: str | None = "default",
-                 k: int = 3, policy: str = "cost", verbose: bool = False, **_ignored):
+                 k: int | None = None, policy: str = "cost", verbose: bool = False, **_ignored):
         self.model_path = model_path
         self.engine = open_target(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
         self.drafter = make_drafter(draft, self.engine.spec)
@@ -54,7 +54,8 @@ class SpeculativeLlama:
         sp = SamplingParams(temperature=max(0.0, float(temperature)), top_k=max(0, int(top_k)),
                             top_p=float(top_p) if 0 < top_p <= 1 else 1.0,
                             seed=self.seed if seed is None else seed)
-        policy = make_policy(self.policy, self.k if self.drafter else 0, self.engine)
+        policy = make_policy(self.policy, (self.k or self.engine.draft_k) if self.drafter else 0,
+                             self.engine)
         return Generation(self.engine, ids, sp, max_tokens=max_tokens, drafter=self.drafter,
                           policy=policy, stop=stop)
 

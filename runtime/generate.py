@@ -30,13 +30,14 @@ class Result:
 def generate(target: str | Path | LlamaTarget, prompt: str, max_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int | None = None, stop: list[str] | None = None, n_ctx: int = 4096,
-             n_threads: int | None = None, draft: str | None = None, k: int = 4,
+             n_threads: int | None = None, draft: str | None = None, k: int | None = None,
              policy: str = "cost",
              on_text: Callable[[str], None] | None = None) -> Result:
     """Generate a continuation of `prompt`; `on_text` receives each text piece as it streams.
 
     draft: None/"none" (target only), "lookup" (prompt lookup), "default" (the head shipped for
     the target, mixed with prompt lookup), a head file/folder, or "head:default"/"head:PATH".
+    k: the most tokens drafted per step (None: the engine's `draft_k`).
     """
     if not prompt or not prompt.strip():
         raise EdgespecError("empty prompt: give some text with --prompt")
@@ -46,7 +47,8 @@ def generate(target: str | Path | LlamaTarget, prompt: str, max_tokens: int = 12
     drafter = make_drafter(draft, engine.spec)
     ids = engine.tokenize(prompt)
     gen = Generation(engine, ids, sampling, max_tokens=max_tokens, drafter=drafter,
-                     policy=make_policy(policy, k if drafter else 0, engine), stop=stop)
+                     policy=make_policy(policy, (k or engine.draft_k) if drafter else 0, engine),
+                     stop=stop)
     for _, piece in gen:
         if on_text and piece:
             on_text(piece)

@@ -19,18 +19,25 @@ def table(intro: str, header: list[str], rows: list[list]) -> str:
 def bench_table(path: Path) -> str:
     r = json.loads(path.read_text())
     m0 = r["machine"]
+    base = r.get("baseline")
+    k = {m["k"] for m in r["settings"]["methods"] if m["kind"] != "target"}
     lines = [f"`{path.relative_to(ROOT)}`: target `{r['target']['file']}` on "
              f"{r['target'].get('engine', 'llama.cpp')} (LM head "
              f"{r['target']['lm_head_type']}), {r['settings']['prompts']} prompts, "
-             f"{r['settings']['max_new_tokens']} new tokens, {m0['cpu']}, {m0['threads']} threads",
+             f"{r['settings']['max_new_tokens']} new tokens, k <= {max(k)}, {m0['cpu']}, "
+             f"{m0['threads']} threads"
+             + (f"; baseline: target-only on `{base['file']}` ({base['engine']}) in the same run"
+                if base else ""),
              "",
-             "| method | tok/s | speedup vs target-only | tokens/pass | acceptance by position | "
+             "| method | tok/s | speedup vs target-only | " + ("vs baseline | " if base else "")
+             + "tokens/pass | acceptance by position | "
              "ms/draft step | ms/verify | same output as target | code | prose | chat |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if base else "")]
     for name, m in r["methods"].items():
         kinds = {k: f"{v['speedup']:.2f}x" for k, v in m["by_kind"].items()}
         acc = " ".join(f"{a:.2f}" for a in m["acceptance_by_position"]) or "-"
-        lines.append(f"| {name} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | "
+        vs = f"{m['speedup_vs_baseline']:.2f}x | " if base else ""
+        lines.append(f"| {name} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {vs}"
                      f"{m['mean_accepted']:.2f} | {acc} | {m['ms_per_draft_step']:.2f} | "
                      f"{m['ms_per_verify']:.2f} | {m.get('same_as_target_share', 0):.2f} | "
                      f"{kinds.get('code', '-')} | {kinds.get('prose', '-')} | {kinds.get('chat', '-')} |")
@@ -42,25 +49,44 @@ def bench_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def cost_table(intro: str, curves: dict[str, list[float]]) -> str:
+    """A paragraph, then c(k) for k = 1.. per labelled row."""
+    ks = range(1, len(next(iter(curves.values()))) + 1)
+    return table(intro, ["k (tokens checked in one decode)", *ks],
+                 [[f"c(k) ms, {label}", *(f"{x:.1f}" for x in c)] for label, c in curves.items()])
+
+
 def export_table(path: Path) -> str:
     r = json.loads(path.read_text())
-    ks = range(1, len(r["verify_ms_source"]) + 1)
-    return "\n".join([
+    return cost_table(
         f"`{path.relative_to(ROOT)}`: LM head {r['source_head_type']} -> {r['head_type']} "
         f"({r['mode']}), top-1 agreement with the original {r['top1_agreement']:.3f} on held-out "
         f"text, size {r['size_source'] / 2**20:.0f} -> {r['size_out'] / 2**20:.0f} MB, {r['threads']} threads",
-        "",
-        "| k (tokens checked in one decode) | " + " | ".join(str(k) for k in ks) + " |",
-        "|---|" + "---|" * len(ks),
-        "| c(k) ms, shipped file | " + " | ".join(f"{x:.1f}" for x in r["verify_ms_source"]) + " |",
-        f"| c(k) ms, {r['head_type']} head | " + " | ".join(f"{x:.1f}" for x in r["verify_ms_out"]) + " |",
-    ])
+        {"shipped file": r["verify_ms_source"], f"{r['head_type']} head": r["verify_ms_out"]})
+
+
+def onnx_target_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    c = r["check"]
+    return cost_table(
+        f"`{path.relative_to(ROOT)}`: ONNX target, {r['quant']}, LM head {r['lm_head']}, "
+        f"{r['bytes'] / 2**20:.0f} MB, exported in {r['export_s'] / 60:.1f} min. Greedy top token "
+        f"against the exact logits (the GGUF's LM head in fp32) at {c['positions']} held-out "
+        f"positions: low-rank search {c['lowrank_top1_agreement_with_exact']:.4f}, full ONNX int8 "
+        f"LM head {c['full_head_top1_agreement_with_exact']:.4f}. Greedy {c['max_tokens']}-token "
+        f"continuations of {c['prompts']} prompts equal to llama.cpp's: "
+        f"{c['same_continuation_share']:.2f} (mean matching prefix {c['mean_matching_prefix']}); "
+        f"target-only {c['tokens_per_s_onnxruntime']} tok/s vs llama.cpp {c['tokens_per_s_llama_cpp']}.",
+        {"shipped file on llama.cpp": c["verify_ms_llama_cpp"],
+         "ONNX target (low-rank LM head)": c["verify_ms_onnxruntime"]})
 
 
 def main():
     parts = []
     for p in sorted((ROOT / "results").glob("export-target-*.json")):
         parts.append(export_table(p))
+    for p in sorted((ROOT / "results").glob("export-onnx-target-*.json")):
+        parts.append(onnx_target_table(p))
     for p in sorted((ROOT / "results").glob("bench-*.json")):
         parts.append(bench_table(p))
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):

@@ -26,7 +26,7 @@ class MockTarget:
     def prefill(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)
 
-    def decode(self, tokens, hidden=False, all_logits=True, copy=True):
+    def decode(self, tokens, hidden=False, all_logits=True, copy=True, top_only=False):
         self.decode_calls += 1
         self.tokens.extend(tokens)
         n0 = len(self.tokens) - len(tokens)

@@ -104,12 +104,16 @@ def test_generate_with_default_head_and_bench(tmp_path):
     assert d["draft"].endswith(".onnx+lookup") and d["draft_policy"] == "cost"
     out = tmp_path / "b.json"
     res = edgespec("bench", "--target", "gemma3-270m", "--limit", "2", "--max-new-tokens", "8",
-                   "--json", str(out))
+                   "--baseline", "gemma3-270m", "--json", str(out))
     assert res.returncode == 0, res.stderr
     rep = json.loads(out.read_text())
-    assert set(rep["methods"]) == {"target", "lookup", "edgespec"}
+    assert set(rep["methods"]) == {"target", "lookup", "edgespec", "baseline"}
+    assert rep["methods"]["edgespec"]["speedup_vs_baseline"] > 0 and "vs baseline" in res.stdout
+    assert rep["methods"]["baseline"]["same_as_target_share"] == 1.0  # the same file, greedy
     assert rep["methods"]["target"]["tokens"] == 16 and rep["machine"]["threads"] >= 1
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"oops": 1}\n')
     assert_usage_error(edgespec("bench", "--target", "gemma3-270m", "--prompts", str(bad)), "p.jsonl:2")
     assert_usage_error(edgespec("bench", "--target", "gemma3-270m", "--device", "toaster"), "unknown device")
+    assert_usage_error(edgespec("bench", "--target", "gemma3-270m", "--baseline", "smollm2-135m",
+                                "--limit", "1"), "not a file of target")

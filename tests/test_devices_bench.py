@@ -82,4 +82,12 @@ def test_summary_speedup_is_median_of_ratios_and_match_share():
     assert rep["edgespec"]["mean_accepted"] == pytest.approx(30 / 15)
     assert rep["edgespec"]["by_kind"]["prose"]["speedup"] == pytest.approx(2.5)
     assert rep["target"]["speedup"] == pytest.approx(1.0)
+    assert "speedup_vs_baseline" not in rep["target"]
     json.dumps(rep)
+    b = MethodResult(Method("baseline", "target", engine="baseline"),
+                     [_row(10, 2.0, 10, [1] * 10, "code"), _row(10, 1.0, 10, [2] * 10, "prose"),
+                      _row(10, 2.0, 10, [3] * 10, "prose")])
+    rep = summarize({"target": t, "edgespec": e, "baseline": b}, greedy=True)["methods"]
+    assert rep["edgespec"]["speedup_vs_baseline"] == pytest.approx(4.0)  # ratios 4, 4, 1
+    assert rep["target"]["speedup_vs_baseline"] == pytest.approx(1.0)  # ratios 2, 1, 1
+    assert rep["baseline"]["speedup"] == pytest.approx(1.0)  # ratios 0.5, 1, 1

@@ -126,3 +126,16 @@ def test_deep_rollback_redecodes(llama):
     llama.prefill(ids[:300])
     want, _ = llama.decode([ids[300]])
     assert _kl(want[0], got[0]) < 1e-3
+
+
+def test_tensor_rows_dot_rows_matches_dequantized_rows(llama):
+    """The Q8_0 fast path of TensorRows.dot_rows (the low-rank LM head's exact rescoring) gives
+    the dot products of the dequantized rows."""
+    from edgespec.gguf_meta import TensorRows, read_header
+
+    rows = TensorRows(read_header(llama.spec.path), "token_embd.weight")
+    assert rows.qtype.name == "Q8_0"
+    idx = np.random.default_rng(0).integers(0, rows.n_rows, (3, 40))
+    x = np.random.default_rng(1).normal(size=(3, rows.n_cols)).astype(np.float32)
+    want = np.einsum("tmk,tk->tm", rows[idx.ravel()].reshape(3, 40, -1), x)
+    np.testing.assert_allclose(rows.dot_rows(idx, x), want, rtol=1e-5, atol=1e-4)

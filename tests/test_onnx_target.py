@@ -102,7 +102,7 @@ def test_ort_engine_trims_sliding_caches_and_rolls_back_exactly(tiny_onnx, monke
     eng.meta = {"n_head_kv": 1, "head_dim": 16, "embed_scale": float(32 ** 0.5)}
     eng.embed = model.model.embed_tokens.weight.detach().numpy()
     eng.n_layer, eng.sliding, eng.window = 3, [True, True, False], 6
-    eng.n_ctx, eng.n_batch, eng.n_redecodes = 128, 512, 0
+    eng.n_ctx, eng.n_batch, eng.n_redecodes, eng.lowrank = 128, 512, 0, False
     eng.past_names = [f"past_key_values.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
     eng.out_names = ["logits", "hidden"] + [f"present.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
     eng.reset()
@@ -124,3 +124,98 @@ def test_ort_engine_trims_sliding_caches_and_rolls_back_exactly(tiny_onnx, monke
     assert eng.n_redecodes == 1 and eng.tokens == ids[:18]
     lg, _ = eng.decode(ids[18:24])
     np.testing.assert_allclose(lg, ref[18:24], atol=2e-4, rtol=1e-3)
+
+
+class _Rows:
+    """TensorRows' dot_rows on an in-memory [V, E] matrix."""
+
+    def __init__(self, w):
+        self.w = w
+
+    def dot_rows(self, rows, x):
+        return np.einsum("tmk,tk->tm", self.w[rows], x)
+
+
+@pytest.mark.parametrize("rank", [32, 8])
+def test_lowrank_lm_head_candidates_and_exact_rescoring(tiny_onnx, tmp_path, rank):
+    """The low-rank export: with a full-rank basis the candidates hold every row's argmax; with
+    a low rank the engine's top-only rows are -inf except at the candidates, which carry the exact
+    logits, and the buffer is cleared between calls."""
+    import onnxruntime as ort
+
+    from edgespec.exporters.onnx_target import export_graph
+    from edgespec.runtime import ort_target
+
+    model, _ = tiny_onnx
+    spec = SimpleNamespace(arch="gemma3", n_layer=3, n_embd=32, n_head=2, n_head_kv=1,
+                           head_dim=16, layer_types=["sliding", "sliding", "global"],
+                           sliding_window=6, rope_base_local=10000.0, rope_base_global=1e6)
+    q, _ = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(3)))
+    basis = q[:, :rank].contiguous()
+    w = model.lm_head.weight.detach()
+    lowrank = {"basis": basis, "scores": (w @ basis).T.contiguous(), "candidates": 8}
+    path = tmp_path / "lr.onnx"
+    export_graph(model, spec, path, lowrank)
+    eng = ort_target.OrtTarget.__new__(ort_target.OrtTarget)
+    eng.sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    eng.meta = {"n_head_kv": 1, "head_dim": 16, "embed_scale": float(32 ** 0.5)}
+    eng.embed = model.model.embed_tokens.weight.detach().numpy()
+    eng.n_layer, eng.sliding, eng.window, eng.n_vocab = 3, [True, True, False], 6, 64
+    eng.n_ctx, eng.n_batch, eng.n_redecodes, eng.lowrank = 128, 512, 0, True
+    eng.past_names = [f"past_key_values.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
+    eng.out_names = ["logits", "hidden", "candidates"] + [
+        f"present.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
+    eng.lm_rows = _Rows(w.numpy())
+    eng._top, eng._top_at = np.empty((0, 64), np.float32), None
+    eng.reset()
+    ids = [int(x) for x in torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(4))]
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].numpy()
+    eng.prefill(ids[:6])
+    for s, e in ((6, 11), (11, 12), (12, 16)):
+        top, hid = eng.decode(ids[s:e], hidden=True, top_only=True)
+        assert top.shape == (e - s, 64) and hid.shape == (e - s, 32)
+        finite = np.isfinite(top)
+        assert (finite.sum(1) == 8).all()  # exactly the candidates, nothing left from before
+        np.testing.assert_allclose(top[finite], ref[s:e][finite], atol=2e-4, rtol=1e-3)
+        if rank == 32:  # the search is exact: every argmax is found
+            assert (top.argmax(1) == ref[s:e].argmax(1)).all()
+        full, _ = eng.decode([ids[e - 1]], all_logits=True)  # without top_only: every logit
+        assert np.isfinite(full).all() and full.shape == (1, 64)
+        eng.truncate(e)
+
+
+def test_lowrank_quantization_keeps_basis_fp32_and_scores_dynamic(tiny_onnx, tmp_path):
+    """int8 export of a low-rank graph: the layers become 8-bit MatMulNBits, the basis projection
+    stays fp32, the scores get dynamic int8 (MatMulInteger); the result still runs."""
+    import onnx
+    import onnxruntime as ort
+
+    from edgespec.exporters.onnx_target import _lowrank_matmuls, _quantize, export_graph
+
+    model, _ = tiny_onnx
+    spec = SimpleNamespace(arch="gemma3", n_layer=3, n_embd=32, n_head=2, n_head_kv=1,
+                           head_dim=16, layer_types=["sliding", "sliding", "global"],
+                           sliding_window=6, rope_base_local=10000.0, rope_base_global=1e6)
+    w = model.lm_head.weight.detach()
+    basis = torch.linalg.qr(torch.randn(32, 32))[0][:, :16].contiguous()  # rank 16 = K/V width
+    path = tmp_path / "lr.onnx"
+    export_graph(model, spec, path, {"basis": basis, "scores": (w @ basis).T.contiguous(), "candidates": 4})
+    m = onnx.load(str(path))
+    b, s = _lowrank_matmuls(m)
+    assert len(b) == 1 and len(s) == 1  # by name: the K/V projections share the basis's shape
+    q = _quantize(m, "int8", True, tmp_path, log=lambda _: None)
+    ops = [n.op_type for n in q.graph.node]
+    assert ops.count("MatMulNBits") >= 3 * 7 and "MatMulInteger" in ops
+    assert [n.op_type for n in q.graph.node if n.name in b] == ["MatMul"]
+    out = tmp_path / "q.onnx"
+    onnx.save(q, str(out))
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    feed = {"inputs_embeds": np.random.default_rng(0).normal(size=(3, 32)).astype(np.float32),
+            "position": np.array(0, np.int64), "n_logits": np.array(3, np.int64),
+            "n_candidates": np.array(2, np.int64)}
+    for i in range(3):
+        for kv in ("key", "value"):
+            feed[f"past_key_values.{i}.{kv}"] = np.zeros((1, 1, 0, 16), np.float32)
+    logits, hidden, cand = sess.run(["logits", "hidden", "candidates"], feed)
+    assert logits.shape == (3, 64) and cand.shape == (2, 4) and (cand < 64).all()

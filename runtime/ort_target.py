@@ -28,8 +28,9 @@ MARGIN = 64
 
 class OrtTarget(LlamaVocab):
     # Default for the most tokens drafted per step: checking more tokens costs little more here
-    # (Gemma 3 270M, low-rank LM head, 2 cores: c(2) = 1.15 c(1), c(7) = 2.5 c(1)); bench:
-    # the default drafter at k <= 6 ran 1.88x the shipped file's target-only rate, at k <= 3 1.71x.
+    # (Gemma 3 270M, low-rank LM head, 2 cores: c(2) = 1.3 c(1), c(7) = 2.6 c(1)); two bench runs
+    # back to back: the default drafter at k <= 6 ran 1.84x the shipped file's target-only rate,
+    # at k <= 3 1.71x.
     draft_k = 6
 
     def __init__(self, folder: str | Path, n_ctx: int = 4096, n_threads: int | None = None,

@@ -79,6 +79,13 @@ def test_onnx_target_bad_inputs(tmp_path):
 
     with pytest.raises(EdgespecError, match="unknown --quant"):
         export_onnx_target("gemma3-270m", tmp_path / "x", quant="int3", check=False)
+    with pytest.raises(EdgespecError, match="unknown --lm-head"):
+        export_onnx_target("gemma3-270m", tmp_path / "x", lm_head="tiny", check=False)
+    with pytest.raises(EdgespecError, match="--rank must be a multiple of 32"):
+        export_onnx_target("gemma3-270m", tmp_path / "x", rank=100, check=False)
+    with pytest.raises(EdgespecError, match="--candidates"):
+        export_onnx_target("gemma3-270m", tmp_path / "x", candidates=0, check=False)
+    assert not (tmp_path / "x").exists()
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "keep.txt").write_text("user data")
     with pytest.raises(EdgespecError, match="not an edgespec ONNX target folder"):

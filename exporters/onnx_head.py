@@ -125,6 +125,9 @@ def _graph_module(head):
 @contextmanager
 def quiet_quantizers():
     """onnxruntime's quantizers log advice and per-node progress on the root logger and their own."""
+    # importing this module calls logging.basicConfig(level=INFO): do it before the levels are set
+    import onnxruntime.quantization.matmul_nbits_quantizer  # noqa: F401
+
     names = ["", "onnxruntime.quantization", "onnxruntime.quantization.matmul_nbits_quantizer"]
     levels = [logging.getLogger(n).level for n in names]
     for n in names:

@@ -180,19 +180,15 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
             bar.update(1)
     bar.close()
     report = summarize(results, temperature == 0.0)
-    onnx_quant = getattr(engine, "meta", {}).get("quant")  # the onnxruntime engine
-    report["target"] = {"name": engine.spec.name, "engine": "onnxruntime" if onnx_quant else "llama.cpp",
-                        "file": str(target) if onnx_quant else Path(engine.spec.path).name,
+    report["target"] = {"name": engine.spec.name, **_engine_file(engine, target),
                         "lm_head_type": _lm_head_label(engine),
                         "fingerprint": engine.spec.tokenizer_fingerprint}
     report["settings"] = {"max_new_tokens": max_new_tokens, "temperature": temperature,
                           "prompts": len(prompts), "n_ctx": n_ctx,
                           "methods": [m.__dict__ for m in methods]}
     if baseline:
-        b = engines["baseline"]
-        report["baseline"] = {"file": str(baseline) if getattr(b, "meta", None) else Path(b.spec.path).name,
-                              "engine": "onnxruntime" if getattr(b, "meta", None) else "llama.cpp"}
-        b.close()
+        report["baseline"] = _engine_file(engines["baseline"], baseline)
+        engines["baseline"].close()
     report["memory"] = {"rss_after_target_mb": round(rss_target, 1),
                         "rss_after_drafters_mb": round(rss_all, 1),
                         "peak_rss_mb": round(_rss_mb(), 1),
@@ -203,6 +199,13 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         report["device"] = device
     engine.close()
     return report
+
+
+def _engine_file(engine, given) -> dict:
+    """Which engine ran and on what: the ONNX folder as given, or the GGUF file's name."""
+    if getattr(engine, "meta", None):  # the onnxruntime engine
+        return {"engine": "onnxruntime", "file": str(given)}
+    return {"engine": "llama.cpp", "file": Path(engine.spec.path).name}
 
 
 def _lm_head_label(engine) -> str:

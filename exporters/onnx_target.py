@@ -154,26 +154,26 @@ def lowrank_scores(model, spec, rank: int, n_tokens: int = 32768, log=print) -> 
     import torch
 
     from edgespec.data import stdlib_passages
-    from edgespec.runtime.llama_target import LlamaVocab, load_vocab_only
+    from edgespec.runtime.llama_target import LlamaVocab, lc, load_vocab_only
     from edgespec.torch_target import forward_hidden
 
-    tok = LlamaVocab()
+    tok = LlamaVocab()  # llama.cpp's tokenizer of the same file
     tok.spec = spec
     handle, tok._vocab = load_vocab_only(spec)
     passages = stdlib_passages("train")
     step = max(1, len(passages) // max(1, n_tokens // 100))
     cov, seen = torch.zeros(spec.n_embd, spec.n_embd, dtype=torch.float64), 0
-    for p in passages[::step]:
-        ids = tok.tokenize(p["text"])[:128]
-        _, h = forward_hidden(model, torch.tensor([ids]))
-        h = h[0].double()
-        cov += h.T @ h
-        seen += len(ids)
-        if seen >= n_tokens:
-            break
-    from edgespec.runtime.llama_target import lc
-
-    lc.llama_model_free(handle)
+    try:
+        for p in passages[::step]:
+            ids = tok.tokenize(p["text"])[:128]
+            _, h = forward_hidden(model, torch.tensor([ids]))
+            h = h[0].double()
+            cov += h.T @ h
+            seen += len(ids)
+            if seen >= n_tokens:
+                break
+    finally:
+        lc.llama_model_free(handle)
     log(f"low-rank LM head: rank {rank} from {seen} calibration tokens")
     _, vecs = np.linalg.eigh(cov.numpy())
     basis = torch.from_numpy(np.ascontiguousarray(vecs[:, ::-1][:, :rank])).float()  # [E, r]

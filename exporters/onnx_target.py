@@ -316,6 +316,32 @@ def _exact_argmax(rows, hidden, chunk: int = 32768):
     return arg
 
 
+def _lowrank_agreement(eng, prompts: list[str], continuations: list[list[int]]) -> dict:
+    """The candidate search against every logit, on prompt + continuation, 8 positions a pass
+    after a fresh prefill of what comes before: each pass runs with the full LM head, is rolled
+    back and runs again top-only."""
+    import numpy as np
+
+    full_top, lr_top, hidden = [], [], []
+    for p, cont in zip(prompts, continuations):
+        ids = eng.tokenize(p) + cont
+        for s in range(0, len(ids) - 8, 8):
+            eng.reset()
+            eng.prefill(ids[:s])
+            full, h = eng.decode(ids[s:s + 8], hidden=True)
+            full_top.append(full.argmax(1))
+            hidden.append(h.copy())
+            eng.truncate(s)
+            top, _ = eng.decode(ids[s:s + 8], top_only=True)
+            lr_top.append(top.argmax(1))
+    exact = _exact_argmax(eng.lm_rows, np.concatenate(hidden))
+    full_top, lr_top = np.concatenate(full_top), np.concatenate(lr_top)
+    return {"positions": len(exact),
+            "lowrank_top1_agreement_with_exact": round(float((lr_top == exact).mean()), 4),
+            "full_head_top1_agreement_with_exact": round(float((full_top == exact).mean()), 4),
+            "lowrank_top1_agreement_with_full_head": round(float((lr_top == full_top).mean()), 4)}
+
+
 def check_onnx_target(folder: str | Path, target: str, n_prompts: int = 4, max_tokens: int = 32) -> dict:
     """Greedy continuations of held-out prompts on the ONNX target and on llama.cpp: the share
     of prompts whose continuation is identical and the mean matching prefix, plus decode speed
@@ -330,7 +356,7 @@ def check_onnx_target(folder: str | Path, target: str, n_prompts: int = 4, max_t
     from edgespec.runtime.sampling import SamplingParams
 
     prompts = [p["prompt"] for p in read_prompts(DEFAULT_PROMPTS)][::6][:n_prompts]  # every kind
-    res = {}
+    res, extra = {}, {}
     for name, make in (("llama.cpp", lambda: LlamaTarget(target, n_ctx=1024)),
                        ("onnxruntime", lambda: OrtTarget(folder, n_ctx=1024))):
         eng = make()
@@ -345,32 +371,10 @@ def check_onnx_target(folder: str | Path, target: str, n_prompts: int = 4, max_t
             toks += g.stats.tokens
             outs.append(g.token_ids)
         res[name] = (outs, toks / max(secs, 1e-9), verify_cost_curve(eng, 8))
+        if name == "onnxruntime" and eng.lowrank:  # llama.cpp's continuations are in by now
+            extra = _lowrank_agreement(eng, prompts, res["llama.cpp"][0])
         eng.close()
     a, b = res["llama.cpp"][0], res["onnxruntime"][0]
-    extra = {}
-    eng = OrtTarget(folder, n_ctx=1024)
-    if eng.lowrank:  # the candidate search against every logit, on prompt + continuation
-        import numpy as np
-
-        full_top, lr_top, hidden = [], [], []
-        for p, cont in zip(prompts, a):
-            ids = eng.tokenize(p) + cont
-            for s in range(0, len(ids) - 8, 8):
-                eng.reset()
-                eng.prefill(ids[:s])
-                full, h = eng.decode(ids[s:s + 8], hidden=True)
-                full_top.append(full.argmax(1))
-                hidden.append(h.copy())
-                eng.truncate(s)
-                top, _ = eng.decode(ids[s:s + 8], top_only=True)
-                lr_top.append(top.argmax(1))
-        exact = _exact_argmax(eng.lm_rows, np.concatenate(hidden))
-        full_top, lr_top = np.concatenate(full_top), np.concatenate(lr_top)
-        extra = {"positions": len(exact),
-                 "lowrank_top1_agreement_with_exact": round(float((lr_top == exact).mean()), 4),
-                 "full_head_top1_agreement_with_exact": round(float((full_top == exact).mean()), 4),
-                 "lowrank_top1_agreement_with_full_head": round(float((lr_top == full_top).mean()), 4)}
-    eng.close()
     prefix = []
     for x, y in zip(a, b):
         n = 0

@@ -121,7 +121,7 @@ class OrtTarget(LlamaVocab):
 
     def prefill(self, tokens: list[int]) -> None:
         for s in range(0, len(tokens), self.n_batch):
-            self._run(tokens[s:s + self.n_batch], 0 if self.lowrank else 1)
+            self._run(tokens[s:s + self.n_batch], 0)  # no logits: nothing reads them
 
     def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True,
                copy: bool = True, top_only: bool = False):

@@ -190,7 +190,10 @@ class CostAware(FixedK):
             self.draft_step_s += self.ema * (seconds / steps - self.draft_step_s)
 
 
-def make_policy(name: str, k: int, engine=None):
+def make_policy(name: str, k: int | None, engine=None):
+    """k: the most tokens drafted per step; None takes the engine's default (`draft_k`)."""
+    if k is None:
+        k = engine.draft_k
     if name == "fixed":
         return FixedK(k)
     if name == "confidence":

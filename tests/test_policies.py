@@ -35,3 +35,12 @@ def test_cost_policy_keeps_apart_estimates_per_draft_source():
     assert p.trim(Draft([1, 2, 3], source="lookup")) == 3
     trims = [p.trim(Draft([1, 2, 3], conf=[0.9, 0.9, 0.9], source="head")) for _ in range(32)]
     assert trims.count(0) == 30 and trims.count(3) == 2  # head drafts: only probes are verified
+
+
+def test_make_policy_takes_the_engines_draft_length_when_none_is_given():
+    from types import SimpleNamespace
+
+    from edgespec.runtime.policies import make_policy
+
+    assert make_policy("fixed", None, SimpleNamespace(draft_k=6)).next_k() == 6
+    assert make_policy("confidence", 2, SimpleNamespace(draft_k=6)).next_k() == 2

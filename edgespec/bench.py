@@ -113,16 +113,17 @@ def machine_info(threads: int) -> dict:
 
 def bench(target: str, prompts: list[dict], methods: list[Method], max_new_tokens: int = 128,
           threads: int | None = None, temperature: float = 0.0, seed: int = 0, n_ctx: int = 4096,
-          device: dict | None = None, baseline: str | None = None) -> dict:
-    """`baseline`: another file of the same target (e.g. the shipped GGUF next to an export),
-    decoded target-only in the same interleaved run; every method then also gets its speedup
-    against it."""
+          device: dict | None = None, baseline: str | None = None, lm_head: str = "auto") -> dict:
+    """`baseline`: a file of the same target (e.g. the shipped GGUF next to an export, or the
+    target itself) decoded target-only with llama.cpp's own full LM head in the same interleaved
+    run; every method then also gets its speedup against it. `lm_head`: the target engine's
+    (see LlamaTarget)."""
     from edgespec.runtime.decoding import FixedK, Generation
     from edgespec.runtime.generate import make_drafter, open_target
     from edgespec.runtime.policies import make_policy
     from edgespec.runtime.sampling import SamplingParams
 
-    engine = open_target(target, n_ctx=n_ctx, n_threads=threads)
+    engine = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head=lm_head)
     rss_target = _current_rss_mb()
     for m in methods:
         if m.k is None:
@@ -136,7 +137,7 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     rss_all = _current_rss_mb()
     engines = {"main": engine}
     if baseline:
-        engines["baseline"] = open_target(baseline, n_ctx=n_ctx, n_threads=threads)
+        engines["baseline"] = open_target(baseline, n_ctx=n_ctx, n_threads=threads, lm_head="full")
         if engines["baseline"].spec.tokenizer_fingerprint != engine.spec.tokenizer_fingerprint:
             raise EdgespecError(f"--baseline {baseline} is not a file of target {engine.spec.name}")
         methods = [*methods, Method("baseline", "target", k=0, engine="baseline")]
@@ -211,7 +212,11 @@ def _engine_file(engine, given) -> dict:
 def _lm_head_label(engine) -> str:
     meta = getattr(engine, "meta", None)  # the onnxruntime engine
     if not meta:
-        return engine.spec.lm_head_type
+        lr = getattr(engine, "lowrank", None)
+        if lr is None:
+            return engine.spec.lm_head_type
+        return (f"{engine.spec.lm_head_type}; greedy: rank-{lr.rank} search, {lr.n_candidates} "
+                "candidates rescored as llama.cpp computes them")
     lm = meta.get("lm_head", {"kind": "full"})
     if lm["kind"] == "lowrank":
         return (f"ONNX {meta['quant']}; greedy: rank-{lm['rank']} search, {lm['candidates']} "

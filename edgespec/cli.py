@@ -29,7 +29,7 @@ def _cmd_generate(args) -> int:
     from edgespec.runtime.generate import generate, open_target
 
     stream = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads)
+    engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads, lm_head=args.lm_head)
     kw = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, seed=args.seed, stop=args.stop)
     res = generate(engine, args.prompt, draft=args.draft, k=args.k, policy=args.policy,
@@ -134,7 +134,7 @@ def _cmd_chat(args) -> int:
     from edgespec.chat import ChatSession
     from edgespec.runtime.generate import make_drafter, open_target
 
-    engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads)
+    engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads, lm_head=args.lm_head)
     session = ChatSession(engine, make_drafter(args.draft, engine.spec), policy=args.policy,
                           k=args.k, max_tokens=args.max_tokens, temperature=args.temperature,
                           seed=args.seed)
@@ -188,7 +188,7 @@ def _cmd_bench(args) -> int:
         device, threads = apply_profile(args.device, threads)
     report = b.bench(args.target, prompts, methods, max_new_tokens=args.max_new_tokens,
                      threads=threads, temperature=args.temperature, seed=args.seed,
-                     device=device, baseline=args.baseline)
+                     device=device, baseline=args.baseline, lm_head=args.lm_head)
     print(b.format_table(report))
     if args.json:
         b.write_report(report, args.json)
@@ -265,6 +265,11 @@ def _cmd_export(args) -> int:
         r = export_onnx_target(args.source, args.out, quant=args.quant or "int8",
                                check=not args.no_check, log=lambda m: print(m, file=sys.stderr),
                                lm_head=args.lm_head, rank=args.rank, candidates=args.candidates)
+    elif args.kind == "lowrank-basis":
+        from edgespec.exporters.lowrank_basis import export_lowrank_basis
+
+        r = export_lowrank_basis(args.source, args.out, rank=args.rank, check=not args.no_check,
+                                 threads=args.threads, log=lambda m: print(m, file=sys.stderr))
     elif args.kind in ("gguf", "onnx"):
         from edgespec.exporters.check import check_head_export
 
@@ -290,8 +295,12 @@ def _cmd_export(args) -> int:
     return 0
 
 
-K_HELP = ("most tokens drafted per step (default: the engine's, 3 on llama.cpp where checking k "
-          "tokens costs nearly k decodes, 6 on onnxruntime where it costs far less)")
+K_HELP = ("most tokens drafted per step (default: the engine's: 3 on llama.cpp with its full LM "
+          "head, where checking k tokens costs nearly k decodes; 6 with the low-rank LM head and on "
+          "onnxruntime, where it costs far less)")
+LM_HEAD_HELP = ("llama.cpp targets, greedy decoding: auto (default: the low-rank LM head where a "
+                "basis ships for the target, else full), full (llama.cpp's own), lowrank, or a "
+                "basis file made by `edgespec export lowrank-basis`")
 
 
 def _positive_int(v: str) -> int:
@@ -336,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-k", "--k", type=_positive_int, default=None, help=K_HELP)
     s.add_argument("--policy", default="cost", choices=["fixed", "confidence", "cost"],
                    help="draft length policy")
+    s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
     s.add_argument("--compare", action="store_true",
                    help="also run target-only on the same prompt and report the speedup")
     s.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -352,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--n-ctx", type=_positive_int, default=4096)
     s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
     s.set_defaults(func=_cmd_chat)
 
     s = sub.add_parser("bench", help="tokens/s and acceptance: target-only vs lookup vs heads")
@@ -372,12 +383,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", default=None, help="write the full report here")
     s.add_argument("--plot", default=None, help="draw tokens/s and acceptance to this PNG")
     s.add_argument("--baseline", default=None,
-                   help="another file of the same target (e.g. the shipped GGUF) decoded "
-                        "target-only in the same run; speedups against it are reported too")
+                   help="a file of the same target (e.g. the shipped GGUF) decoded target-only "
+                        "with llama.cpp's full LM head in the same run; speedups against it are "
+                        "reported too")
+    s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
     s.set_defaults(func=_cmd_bench)
 
-    s = sub.add_parser("export", help="export a head (gguf) or a verify-friendly target (target)")
-    s.add_argument("kind", choices=["gguf", "onnx", "target", "onnx-target"])
+    s = sub.add_parser("export", help="export a head (gguf, onnx), a verify-friendly target (target, "
+                       "onnx-target) or a low-rank LM head basis (lowrank-basis)")
+    s.add_argument("kind", choices=["gguf", "onnx", "target", "onnx-target", "lowrank-basis"])
     s.add_argument("source", help="head checkpoint folder, or a target for `target`")
     s.add_argument("--out", required=True)
     s.add_argument("--quant", default=None, help="gguf: f16, q8_0 (default), q4_0; onnx, onnx-target: fp32, int8 (default), int4")
@@ -387,11 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lm-head", default="lowrank", choices=["lowrank", "full"],
                    help="onnx-target: greedy decoding takes the top logit from a low-rank "
                         "candidate search rescored exactly (default), or computes every logit")
-    s.add_argument("--rank", type=_positive_int, default=256, help="onnx-target: low-rank LM head rank")
+    s.add_argument("--rank", type=_positive_int, default=256,
+                   help="onnx-target, lowrank-basis: low-rank LM head rank")
     s.add_argument("--candidates", type=_positive_int, default=64,
                    help="onnx-target: candidates per position rescored exactly")
     s.add_argument("--check", action="store_true", help="check the export against the trained head")
-    s.add_argument("--no-check", action="store_true", help="target: skip the cost/agreement report")
+    s.add_argument("--no-check", action="store_true",
+                   help="target, onnx-target, lowrank-basis: skip the cost/agreement report")
     s.add_argument("--features", default=None, help="recorded inputs for --check")
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--json", action="store_true")

@@ -133,8 +133,11 @@ def _sha256(path: Path) -> str:
 
 
 def sample_hidden(engine, tokens: list[int], n_batch: int) -> np.ndarray:
-    """The target's final hidden state at every position of `tokens`: [T, E] float32."""
+    """The target's final hidden state at every position of `tokens`: [T, E] float32 (read
+    before the LM head where the engine can: llama.cpp's logits are then never computed)."""
     engine.reset()
+    if getattr(engine, "has_probe", False):
+        return engine.hidden_states(tokens)
     out = []
     for s in range(0, len(tokens), n_batch):
         _, h = engine.decode(tokens[s:s + n_batch], hidden=True)
@@ -156,7 +159,8 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
         raise EdgespecError(f"unknown --transform {cfg.transform}; choose dct or none")
     data_manifest, samples = read_data(data)
     max_len = max(len(s["tokens"]) for s in samples)
-    engine = engine or LlamaTarget(target, n_ctx=max_len + 16, n_batch=cfg.n_batch)
+    engine = engine or LlamaTarget(target, n_ctx=max_len + 16, n_batch=cfg.n_batch, lm_head="full",
+                                   probe=True)
     spec = engine.spec
     if data_manifest["target_fingerprint"] != spec.tokenizer_fingerprint:
         raise EdgespecError(f"{data} was made by another target (tokenizer fingerprint "
@@ -313,7 +317,8 @@ class OnlineFeatures(_Samples):
 
         data_manifest, samples = read_data(data)
         max_len = max(len(s["tokens"]) for s in samples)
-        self.engine = engine or LlamaTarget(target, n_ctx=max_len + 16, n_batch=n_batch)
+        self.engine = engine or LlamaTarget(target, n_ctx=max_len + 16, n_batch=n_batch,
+                                            lm_head="full", probe=True)
         spec = self.engine.spec
         if data_manifest["target_fingerprint"] != spec.tokenizer_fingerprint:
             raise EdgespecError(f"{data} was made by another target (tokenizer fingerprint "

@@ -188,9 +188,11 @@ class TensorRows:
         out = self._dequantize(np.asarray(self._raw[rows]), self.qtype).astype(np.float32, copy=False)
         return out if out.flags.writeable else out.copy()  # F32 rows are views of the file
 
-    def dot_rows(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+    def dot_rows(self, rows: np.ndarray, x: np.ndarray, q8_x: bool = False) -> np.ndarray:
         """rows [T, m] int, x [T, n_cols] -> [T, m]: row rows[t, j] of the tensor dotted with x[t],
-        from the stored values (Q8_0 blocks are read in place, other types dequantized)."""
+        from the stored values (Q8_0 blocks are read in place, other types dequantized).
+        q8_x: on Q8_0 rows, first round x to Q8_0 blocks as llama.cpp's CPU kernels do (the
+        logits then match llama.cpp's to float rounding, near-ties included)."""
         rows = np.asarray(rows)
         t, m = rows.shape
         x = np.asarray(x, dtype=np.float32)
@@ -198,6 +200,12 @@ class TensorRows:
             blocks = self._raw[rows.ravel()].reshape(t, m, -1, 34)
             scale = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
             q = blocks[..., 2:].view(np.int8).astype(np.float32)
-            return (np.einsum("tmbk,tbk->tmb", q, x.reshape(t, -1, 32)) * scale).sum(-1)
+            xb = x.reshape(t, -1, 32)
+            if q8_x:
+                d = np.abs(xb).max(-1) / 127
+                inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
+                xb = np.rint(xb * inv[..., None])  # the integers llama.cpp multiplies
+                scale = scale * d.astype(np.float16).astype(np.float32)[:, None, :]
+            return (np.einsum("tmbk,tbk->tmb", q, xb) * scale).sum(-1)
         w = self[rows.ravel()].reshape(t, m, self.n_cols)
         return np.einsum("tmk,tk->tm", w, x)

@@ -334,7 +334,7 @@ def _lowrank_agreement(eng, prompts: list[str], continuations: list[list[int]]) 
             eng.truncate(s)
             top, _ = eng.decode(ids[s:s + 8], top_only=True)
             lr_top.append(top.argmax(1))
-    exact = _exact_argmax(eng.lm_rows, np.concatenate(hidden))
+    exact = _exact_argmax(eng.top.rows, np.concatenate(hidden))
     full_top, lr_top = np.concatenate(full_top), np.concatenate(lr_top)
     return {"positions": len(exact),
             "lowrank_top1_agreement_with_exact": round(float((lr_top == exact).mean()), 4),

@@ -26,9 +26,11 @@ from edgespec.runtime.sampling import SamplingParams
 class SpeculativeLlama:
     def __init__(self, model_path: str, n_ctx: int = 512, n_threads: int | None = None,
                  n_batch: int = 512, seed: int | None = None, draft: str | None = "default",
-                 k: int | None = None, policy: str = "cost", verbose: bool = False, **_ignored):
+                 k: int | None = None, policy: str = "cost", verbose: bool = False,
+                 lm_head: str = "auto", **_ignored):
         self.model_path = model_path
-        self.engine = open_target(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+        self.engine = open_target(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch,
+                                  lm_head=lm_head)
         self.drafter = make_drafter(draft, self.engine.spec)
         self.k, self.policy, self.seed = k, policy, seed
         self.last_stats: dict = {}

@@ -169,7 +169,10 @@ class Generation:
         if self.drafter:
             self.drafter.reset()
         if n_h:
-            _, h = t.decode(self.prompt[n_plain:-1], hidden=True)
+            if getattr(t, "has_probe", False):  # llama.cpp without its LM head: no logits needed
+                h = t.hidden_states(self.prompt[n_plain:-1])
+            else:
+                _, h = t.decode(self.prompt[n_plain:-1], hidden=True)
             fresh_hidden.append(h)
         st.prefill_s = time.perf_counter() - t0
         pending = self.prompt[-1]

@@ -54,15 +54,17 @@ def generate(target: str | Path | LlamaTarget, prompt: str, max_tokens: int = 12
     return Result(gen.text, gen.token_ids, gen.stats, getattr(drafter, "name", "none"))
 
 
-def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512):
+def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
+                lm_head: str = "auto"):
     """The engine for a target: llama.cpp for a GGUF file or known name, onnxruntime for a
-    folder made by `edgespec export onnx-target`."""
+    folder made by `edgespec export onnx-target` (whose LM head was chosen at export: `lm_head`
+    applies to llama.cpp targets, see LlamaTarget)."""
     p = Path(str(target)).expanduser()
     if p.is_dir():
         from edgespec.runtime.ort_target import OrtTarget
 
         return OrtTarget(p, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
-    return LlamaTarget(target, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+    return LlamaTarget(target, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head)
 
 
 def make_drafter(draft: str | None, spec):

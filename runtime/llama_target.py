@@ -9,6 +9,13 @@ states need `embeddings=True` with pooling NONE, which makes every token of a ba
 prompt prefill runs with embeddings off; rolling a sliding-window cache back further than it holds
 silently corrupts logits, so `truncate` checks `llama_memory_seq_pos_min` and re-decodes the
 kept tokens when the cache no longer covers them.
+
+Greedy decoding with a low-rank LM head (runtime/lowrank.py; `lm_head="auto"` takes it where a
+basis ships for the target): an eval callback (`cb_eval`) copies the final hidden states
+("result_norm", after the output norm) out of the graph and stops the computation there, so
+llama.cpp never runs its 262k-wide LM head; the low-rank head picks each row's candidates and
+computes their logits as llama.cpp would. Hidden states come out this way too, without
+embeddings mode and without any logits (`hidden_states`).
 """
 
 from __future__ import annotations
@@ -39,6 +46,25 @@ def _log_errors_only(level: int, text: bytes, user_data) -> None:
 
 lc.llama_log_set(_log_errors_only, ctypes.c_void_p(0))
 _BACKEND_READY = False
+_GGML = None
+
+
+def _ggml():
+    """ggml's C API from the library inside the llama_cpp package (tensor names and data)."""
+    global _GGML
+    if _GGML is None:
+        lib_dir = Path(lc.__file__).resolve().parent / "lib"
+        names = sorted(lib_dir.glob("libggml-base.*")) + sorted(lib_dir.glob("ggml-base.*"))
+        if not names:
+            raise EdgespecError(f"{lib_dir}: no libggml-base library; reinstall llama-cpp-python")
+        lib = ctypes.CDLL(str(names[0]))
+        lib.ggml_get_name.restype, lib.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+        lib.ggml_nbytes.restype, lib.ggml_nbytes.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+        lib.ggml_backend_tensor_get.restype = None
+        lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                                ctypes.c_size_t]
+        _GGML = lib
+    return _GGML
 
 
 def default_threads() -> int:
@@ -102,8 +128,14 @@ class LlamaTarget(LlamaVocab):
     draft_k = 3
 
     def __init__(self, target: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
-                 n_batch: int = 512, swa_full: bool = False, spec: TargetSpec | None = None):
+                 n_batch: int = 512, swa_full: bool = False, spec: TargetSpec | None = None,
+                 lm_head: str = "auto", probe: bool = False):
+        """lm_head: "auto" (low-rank for greedy decoding where a basis ships for the target,
+        else full), "full" (llama.cpp's own LM head, always), "lowrank" (a basis must ship), or
+        a basis file (.npz). probe: read hidden states through the eval callback even without a
+        low-rank head (`hidden_states`)."""
         self.spec = spec or load_target_spec(target)
+        basis = self._basis(lm_head)
         _ensure_backend()
         mparams = lc.llama_model_default_params()
         self._model = lc.llama_model_load_from_file(self.spec.path.encode(), mparams)
@@ -125,6 +157,9 @@ class LlamaTarget(LlamaVocab):
         cparams.embeddings = False
         cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
         cparams.swa_full = swa_full
+        self._grab, self._grabbed, self._cb = False, [], None
+        if probe or basis is not None:
+            self._install_probe(cparams)
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lc.llama_model_free(self._model)
@@ -135,6 +170,72 @@ class LlamaTarget(LlamaVocab):
         self._embeddings_on = False
         self.tokens: list[int] = []  # tokens whose K/V sit in the cache, position = index
         self.n_redecodes = 0  # times a rollback had to re-decode because the SWA cache was short
+        self.lowrank = None
+        if basis is not None:
+            from edgespec.runtime.lowrank import LowRankHead
+
+            self.lowrank = LowRankHead(self.spec, basis, n_threads=self.n_threads)
+            self.draft_k = 6  # checking more tokens costs little more without llama.cpp's LM head
+
+    def _basis(self, lm_head: str):
+        from edgespec.runtime.lowrank import read_basis, shipped_basis
+
+        if lm_head == "full":
+            return None
+        if lm_head in ("auto", "lowrank"):
+            path = shipped_basis(self.spec)
+            if path is None and lm_head == "lowrank":
+                raise EdgespecError(f"no low-rank basis ships for {self.spec.name}; make one with "
+                                    "`edgespec export lowrank-basis` and pass the file")
+            return None if path is None else read_basis(path, self.spec)
+        if not Path(lm_head).expanduser().is_file():
+            raise EdgespecError(f"--lm-head {lm_head}: choose auto, full, lowrank or a basis file")
+        return read_basis(Path(lm_head).expanduser(), self.spec)
+
+    def _install_probe(self, cparams) -> None:
+        """An eval callback that, while `_grab` is set, copies the final hidden states (the
+        tensor "result_norm") and stops the graph there: what follows is the LM head."""
+        lib, grabbed = _ggml(), self._grabbed
+
+        def cb(t, ask, _user):
+            if not self._grab:
+                return False
+            if ask:
+                return lib.ggml_get_name(t) == b"result_norm"
+            out = np.empty(lib.ggml_nbytes(t) // 4, np.float32)
+            lib.ggml_backend_tensor_get(t, out.ctypes.data, 0, out.nbytes)
+            grabbed.append(out)
+            return False
+
+        self._cb = lc.ggml_backend_sched_eval_callback(cb)  # kept alive with the context
+        cparams.cb_eval = self._cb
+
+    def _decode_grab(self, tokens: list[int], outputs: list[bool]) -> np.ndarray:
+        """Decode without the LM head; the hidden states of the output rows [n_out, n_embd]."""
+        if self._cb is None:
+            raise RuntimeError("this engine was opened without the hidden-state probe")
+        self._set_embeddings(False)
+        self._grabbed.clear()
+        self._grab = True
+        try:
+            self._decode_chunk(tokens, outputs)
+        finally:
+            self._grab = False
+        rows = np.concatenate(self._grabbed) if self._grabbed else np.empty(0, np.float32)
+        self._grabbed.clear()
+        if rows.size != sum(outputs) * self.n_embd:
+            raise RuntimeError(f"hidden-state probe read {rows.size} values for {sum(outputs)} rows")
+        return rows.reshape(-1, self.n_embd)
+
+    @property
+    def has_probe(self) -> bool:
+        return self._cb is not None
+
+    def hidden_states(self, tokens: list[int]) -> np.ndarray:
+        """Decode tokens into the cache; their final hidden states [n, n_embd], no logits."""
+        out = [self._decode_grab(tokens[s:s + self.n_batch], [True] * len(tokens[s:s + self.n_batch]))
+               for s in range(0, len(tokens), self.n_batch)]
+        return np.concatenate(out) if out else np.empty((0, self.n_embd), np.float32)
 
     # -- decoding ---------------------------------------------------------------------------
     def _set_embeddings(self, on: bool) -> None:
@@ -174,16 +275,20 @@ class LlamaTarget(LlamaVocab):
         With hidden=True every position is an output (llama.cpp's rule with embeddings on). With
         hidden=False and all_logits=False only the last position's logits are computed, which is
         much cheaper on a large vocabulary. copy=False returns views into llama.cpp's buffers,
-        valid until the next decode (the decode loop reads them at once). top_only (the caller
-        reads only argmaxes) changes nothing here: llama.cpp always computes the full rows.
+        valid until the next decode (the decode loop reads them at once). top_only: the caller
+        reads only argmaxes; with a low-rank LM head the rows are -inf but at each row's
+        candidates, which hold exact logits (see the module doc).
         """
         if not tokens:
             raise ValueError("decode needs at least one token")
         if len(tokens) > self.n_batch:
             raise ValueError(f"decode takes at most n_batch={self.n_batch} tokens")
-        self._set_embeddings(hidden)
         n = len(tokens)
         every = all_logits or hidden
+        if top_only and self.lowrank is not None:
+            h = self._decode_grab(tokens, [True] * n if every else [False] * (n - 1) + [True])
+            return self.lowrank.top_logits(h), (h if hidden else None)
+        self._set_embeddings(hidden)
         self._decode_chunk(tokens, [True] * n if every else [False] * (n - 1) + [True])
         n_out = n if every else 1
         logits = self._rows(lc.llama_get_logits(self._ctx), n_out, self.n_vocab, copy)

@@ -19,6 +19,7 @@ import numpy as np
 from edgespec.errors import EdgespecError
 from edgespec.gguf_meta import TensorRows, read_header
 from edgespec.runtime.llama_target import LlamaVocab, default_threads, lc, load_vocab_only
+from edgespec.runtime.lowrank import TopRows
 from edgespec.runtime.onnx_session import cache_names, open_session
 from edgespec.targets import load_target_spec
 
@@ -66,9 +67,7 @@ class OrtTarget(LlamaVocab):
         self.lowrank = lm["kind"] == "lowrank"
         if self.lowrank:  # candidates from the low-rank scores, rescored exactly from the GGUF rows
             self.out_names.insert(2, "candidates")
-            self.lm_rows = TensorRows(read_header(self.spec.path), lm["rescore"])
-            self._top = np.empty((0, self.n_vocab), np.float32)  # -inf but at the last candidates
-            self._top_at: np.ndarray | None = None
+            self.top = TopRows(TensorRows(read_header(self.spec.path), lm["rescore"]), self.n_vocab)
         self.n_redecodes = 0
         self.reset()
 
@@ -99,25 +98,8 @@ class OrtTarget(LlamaVocab):
         self.kv = kv
         self.tokens.extend(tokens)
         if cand is not None and len(cand):
-            return self._top_logits(cand, res[1][len(tokens) - len(cand):]), res[1]
+            return self.top(cand, res[1][len(tokens) - len(cand):]), res[1]
         return res[0], res[1]
-
-    def _top_logits(self, cand: np.ndarray, hidden: np.ndarray) -> np.ndarray:
-        """Rows of -inf with the exact logits of the candidates (each row's argmax is the
-        target's wherever the top token is among its candidates). One buffer, reused: only the
-        entries set last time are cleared."""
-        n = len(cand)
-        if len(self._top) < n:
-            self._top = np.full((n, self.n_vocab), -np.inf, np.float32)
-            self._top_at = None
-        top = self._top
-        if self._top_at is not None:
-            rows, cols = self._top_at
-            top[rows, cols] = -np.inf
-        rows = np.repeat(np.arange(n), cand.shape[1])
-        top[rows, cand.ravel()] = self.lm_rows.dot_rows(cand, hidden).ravel()
-        self._top_at = (rows, cand.ravel())
-        return top[:n]
 
     def prefill(self, tokens: list[int]) -> None:
         for s in range(0, len(tokens), self.n_batch):

@@ -81,10 +81,25 @@ def onnx_target_table(path: Path) -> str:
          "ONNX target (low-rank LM head)": c["verify_ms_onnxruntime"]})
 
 
+def lowrank_basis_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    c = r["check"]
+    kinds = ", ".join(f"{k} {v:.4f}" for k, v in c["by_kind"].items())
+    return cost_table(
+        f"`{path.relative_to(ROOT)}`: low-rank LM head basis for {r['target']} on llama.cpp, rank "
+        f"{r['rank']} from {r['calibration_tokens']} calibration tokens ({r['calibration_s']:.0f} s). "
+        f"Greedy top token equal to llama.cpp's full LM head at {c['positions']} positions of "
+        f"greedy continuations of the bench prompts, in 8-token batches: "
+        f"{c['top1_agreement_with_llama_cpp']:.4f} ({kinds}).",
+        {"llama.cpp, full LM head": c["ms_full"], "llama.cpp, low-rank LM head": c["ms_lowrank"]})
+
+
 def main():
     parts = []
     for p in sorted((ROOT / "results").glob("export-target-*.json")):
         parts.append(export_table(p))
+    for p in sorted((ROOT / "results").glob("lowrank-basis-*.json")):
+        parts.append(lowrank_basis_table(p))
     for p in sorted((ROOT / "results").glob("export-onnx-target-*.json")):
         parts.append(onnx_target_table(p))
     for p in sorted((ROOT / "results").glob("bench-*.json")):

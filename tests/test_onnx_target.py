@@ -172,8 +172,9 @@ def test_lowrank_lm_head_candidates_and_exact_rescoring(tiny_onnx, tmp_path, ran
     eng.past_names = [f"past_key_values.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
     eng.out_names = ["logits", "hidden", "candidates"] + [
         f"present.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
-    eng.lm_rows = _Rows(w.numpy())
-    eng._top, eng._top_at = np.empty((0, 64), np.float32), None
+    from edgespec.runtime.lowrank import TopRows
+
+    eng.top = TopRows(_Rows(w.numpy()), 64)
     eng.reset()
     ids = [int(x) for x in torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(4))]
     with torch.no_grad():

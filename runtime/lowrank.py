@@ -117,33 +117,34 @@ def _graph(n_embd: int, rank: int, n_vocab: int, candidates: int, basis: np.ndar
 
 
 def _build(folder: Path, spec, rows: TensorRows, basis: np.ndarray, candidates: int) -> None:
-    """Write model.onnx + scores.bin into `folder` (two passes over the LM head: the int8 scale
-    needs the largest score first; nothing of V x r floats is held at once)."""
+    """Write model.onnx + scores.bin (raw int8 [rank, V]) as `folder`: built in a private temp
+    folder and renamed into place, so readers (and a second process building the same head)
+    never see half of it. Two passes over the LM head: the int8 scale needs the largest score
+    first; nothing of V x r floats is held at once."""
+    import shutil
+    import tempfile
+
     rank, v = basis.shape[1], rows.n_rows
     top = 0.0
     for s in range(0, v, CHUNK):
         top = max(top, float(np.abs(rows[s:s + CHUNK] @ basis).max()))
     scale = np.float32(top / 127 if top > 0 else 1.0)
-    folder.mkdir(parents=True, exist_ok=True)
-    q = np.lib.format.open_memmap(folder / "scores.tmp.npy", mode="w+", dtype=np.int8, shape=(rank, v))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
+        q = np.memmap(tmp / "scores.bin", dtype=np.int8, mode="w+", shape=(rank, v))
         for s in range(0, v, CHUNK):
             q[:, s:s + CHUNK] = np.clip(np.rint((rows[s:s + CHUNK] @ basis) / scale), -127, 127).T
         q.flush()
-        offset = q.offset
         del q
-        with open(folder / "scores.tmp.npy", "rb") as src, open(folder / "scores.bin.tmp", "wb") as dst:
-            src.seek(offset)
-            while chunk := src.read(1 << 24):
-                dst.write(chunk)
-        os.replace(folder / "scores.bin.tmp", folder / "scores.bin")
+        (tmp / "model.onnx").write_bytes(_graph(spec.n_embd, rank, v, candidates, basis).SerializeToString())
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not (folder / "model.onnx").is_file():  # not another process's finished build
+                raise
     finally:
-        for f in ("scores.tmp.npy", "scores.bin.tmp"):
-            (folder / f).unlink(missing_ok=True)
-    model = _graph(spec.n_embd, rank, v, candidates, basis)
-    tmp = folder / "model.onnx.tmp"
-    tmp.write_bytes(model.SerializeToString())
-    os.replace(tmp, folder / "model.onnx")  # last: its presence marks a finished build
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class LowRankHead:

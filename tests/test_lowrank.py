@@ -133,3 +133,33 @@ def test_cli_refuses_bad_lowrank_input(argv, msg, tmp_path):
                        cwd=tmp_path)
     assert p.returncode == 2
     assert msg in p.stderr and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_scores_build_into_place_once_and_rank_like_float_scores(tmp_path):
+    """The cache folder appears whole (built in a temp folder, renamed); a second builder that
+    finds it finished leaves it alone; the int8 graph's candidates hold the float scores' best."""
+    import onnxruntime as ort
+
+    from edgespec.runtime.lowrank import _build
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(300, 16)).astype(np.float32)  # a [V, E] LM head
+
+    class Rows:
+        n_rows = 300
+
+        def __getitem__(self, sl):
+            return w[sl]
+
+    basis = np.linalg.qr(rng.normal(size=(16, 8)))[0].astype(np.float32)
+    folder = tmp_path / "head"
+    _build(folder, type("Spec", (), {"n_embd": 16}), Rows(), basis, 4)
+    first = (folder / "scores.bin").read_bytes()
+    assert len(first) == 8 * 300
+    _build(folder, type("Spec", (), {"n_embd": 16}), Rows(), basis, 4)
+    assert (folder / "scores.bin").read_bytes() == first and list(tmp_path.iterdir()) == [folder]
+    sess = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    h = rng.normal(size=(5, 16)).astype(np.float32)
+    cand = sess.run(["candidates"], {"h": h})[0]
+    best = ((h @ basis) @ (w @ basis).T).argmax(1)
+    assert cand.shape == (5, 4) and all(b in c for b, c in zip(best, cand))

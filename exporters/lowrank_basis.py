@@ -107,7 +107,7 @@ def check_lowrank(target: str, basis: str | Path, threads: int | None = None, n_
     cost = _cost_curve(full, lr, full.tokenize(prompts[0]["prompt"]))
     full.close()
     lr.close()
-    res = {"positions": total, "top1_agreement_with_llama_cpp": round(same / total, 4),
+    res = {"positions": total, "top1_agreement_with_llama_cpp": round(same / max(total, 1), 4),
            "by_kind": {k: round(h / n, 4) for k, (h, n) in sorted(by_kind.items())},
            "load_s": round(load_s, 2), **cost}
     log(f"low-rank LM head: top token = llama.cpp's at {same}/{total} positions; "

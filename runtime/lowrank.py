@@ -6,9 +6,10 @@ only reads each row's argmax. With U the top-r principal directions of the targe
 hidden states (a basis shipped per target, or made with `edgespec export lowrank-basis`),
 W h ~ (W U)(U^T h): r x V multiply-adds instead of E x V. The scores (W U) are int8 (one scale:
 only their ranking is read) and picked by onnxruntime's integer GEMM + TopK; the C best ids are
-then rescored exactly from the GGUF's own LM-head rows. Where the true top token is among the C
-candidates the result is the target's argmax; where it is not, the output differs from the
-target's (measured: `edgespec export lowrank-basis` reports the agreement on held-out text).
+then rescored from the GGUF's own LM-head rows as llama.cpp computes them (activations rounded
+to Q8_0 blocks, for a Q8_0 head). Where llama.cpp's top token is among the C candidates the
+result is its argmax; where it is not, the output differs from llama.cpp's (measured:
+`edgespec export lowrank-basis` reports the agreement on prompts it did not calibrate on).
 
 The int8 scores are derived from the target file and the basis once and kept in the user cache
 (~/.cache/edgespec/lowrank, or $EDGESPEC_CACHE), ~67 MB for Gemma 3 270M at rank 256.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +48,7 @@ def read_basis(path: str | Path, spec=None) -> np.ndarray:
     try:
         with np.load(path) as z:
             basis, fp = z["basis"].astype(np.float32), str(z["target_fingerprint"])
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise EdgespecError(f"{path}: not a low-rank basis file ({e})") from None
     if spec is not None:
         if fp != spec.tokenizer_fingerprint:
@@ -64,7 +66,7 @@ def shipped_basis(spec) -> Path | None:
                 with np.load(f) as z:
                     if str(z["target_fingerprint"]) == spec.tokenizer_fingerprint:
                         return f
-            except (OSError, KeyError, ValueError):
+            except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
                 continue
     return None
 

@@ -30,7 +30,8 @@ class Method:
     draft: str | None = None  # head folder for edgespec
     k: int | None = 4  # None: the engine's draft_k
     policy: str = "fixed"
-    engine: str = "main"  # "baseline": target-only on the --baseline target file
+    engine: str = "main"  # "plain": the target file with llama.cpp's full LM head;
+    # "baseline": target-only on the --baseline target file
 
 
 @dataclass
@@ -114,10 +115,12 @@ def machine_info(threads: int) -> dict:
 def bench(target: str, prompts: list[dict], methods: list[Method], max_new_tokens: int = 128,
           threads: int | None = None, temperature: float = 0.0, seed: int = 0, n_ctx: int = 4096,
           device: dict | None = None, baseline: str | None = None, lm_head: str = "auto") -> dict:
-    """`baseline`: a file of the same target (e.g. the shipped GGUF next to an export, or the
-    target itself) decoded target-only with llama.cpp's own full LM head in the same interleaved
-    run; every method then also gets its speedup against it. `lm_head`: the target engine's
-    (see LlamaTarget)."""
+    """`lm_head`: the target engine's (see LlamaTarget). Where it is the low-rank head, the
+    method "target" (the reference for every speedup and for "same output as target") decodes
+    the same file with llama.cpp's own full LM head, as plain llama.cpp would, and
+    "target:lowrank" is target-only decoding with the low-rank head. `baseline`: a file of the
+    same target (e.g. the shipped GGUF next to an export) decoded target-only with llama.cpp's
+    full LM head in the same interleaved run; every method then also gets its speedup against it."""
     from edgespec.runtime.decoding import FixedK, Generation
     from edgespec.runtime.generate import make_drafter, open_target
     from edgespec.runtime.policies import make_policy
@@ -136,6 +139,11 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
             drafters[m.name] = make_drafter(m.draft, engine.spec)
     rss_all = _current_rss_mb()
     engines = {"main": engine}
+    if _llama_lowrank(engine):
+        engines["plain"] = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head="full")
+        i = next(i for i, m in enumerate(methods) if m.kind == "target")
+        methods = [*methods[:i], Method("target", "target", k=0, engine="plain"),
+                   Method("target:lowrank", "target", k=0), *methods[i + 1:]]
     if baseline:
         engines["baseline"] = open_target(baseline, n_ctx=n_ctx, n_threads=threads, lm_head="full")
         if engines["baseline"].spec.tokenizer_fingerprint != engine.spec.tokenizer_fingerprint:
@@ -189,17 +197,25 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
                           "methods": [m.__dict__ for m in methods]}
     if baseline:
         report["baseline"] = _engine_file(engines["baseline"], baseline)
-        engines["baseline"].close()
+    for name, eng in engines.items():
+        if name != "main":
+            eng.close()
     report["memory"] = {"rss_after_target_mb": round(rss_target, 1),
                         "rss_after_drafters_mb": round(rss_all, 1),
                         "peak_rss_mb": round(_rss_mb(), 1),
                         "drafters_share_of_target": round((rss_all - rss_target) / rss_target, 4),
-                        "peak_includes_baseline": bool(baseline)}
+                        "peak_includes_baseline": bool(baseline),
+                        "peak_includes_plain_target": "plain" in engines}
     report["machine"] = machine_info(engine.n_threads)
     if device:
         report["device"] = device
     engine.close()
     return report
+
+
+def _llama_lowrank(engine) -> bool:
+    """A llama.cpp engine decoding greedy rows with the low-rank LM head."""
+    return getattr(engine, "meta", None) is None and getattr(engine, "lowrank", None) is not None
 
 
 def _engine_file(engine, given) -> dict:

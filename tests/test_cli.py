@@ -107,7 +107,10 @@ def test_generate_with_default_head_and_bench(tmp_path):
                    "--baseline", "gemma3-270m", "--json", str(out))
     assert res.returncode == 0, res.stderr
     rep = json.loads(out.read_text())
-    assert set(rep["methods"]) == {"target", "lookup", "edgespec", "baseline"}
+    # the low-rank LM head is on by default: "target" is plain llama.cpp on the same file (every
+    # speedup's reference), "target:lowrank" the same engine as the drafters without drafting
+    assert list(rep["methods"]) == ["target", "target:lowrank", "lookup", "edgespec", "baseline"]
+    assert rep["memory"]["peak_includes_plain_target"] and "rank-256 search" in rep["target"]["lm_head_type"]
     assert rep["methods"]["edgespec"]["speedup_vs_baseline"] > 0 and "vs baseline" in res.stdout
     assert rep["methods"]["baseline"]["same_as_target_share"] == 1.0  # the same file, greedy
     assert rep["methods"]["target"]["tokens"] == 16 and rep["machine"]["threads"] >= 1

@@ -115,22 +115,22 @@ def machine_info(threads: int) -> dict:
 def bench(target: str, prompts: list[dict], methods: list[Method], max_new_tokens: int = 128,
           threads: int | None = None, temperature: float = 0.0, seed: int = 0, n_ctx: int = 4096,
           device: dict | None = None, baseline: str | None = None, lm_head: str = "auto") -> dict:
-    """`lm_head`: the target engine's (see LlamaTarget). Where it is the low-rank head, the
-    method "target" (the reference for every speedup and for "same output as target") decodes
+    """`lm_head`: the target engine's (see LlamaTarget). Where it is the low-rank head and the
+    run is greedy, the method "target" (the reference for every speedup and for "same output as target") decodes
     the same file with llama.cpp's own full LM head, as plain llama.cpp would, and
     "target:lowrank" is target-only decoding with the low-rank head. `baseline`: a file of the
     same target (e.g. the shipped GGUF next to an export) decoded target-only with llama.cpp's
     full LM head in the same interleaved run; every method then also gets its speedup against it."""
     from edgespec.runtime.decoding import FixedK, Generation
     from edgespec.runtime.generate import make_drafter, open_target
-    from edgespec.runtime.policies import make_policy
+    from edgespec.runtime.policies import default_k, make_policy
     from edgespec.runtime.sampling import SamplingParams
 
     engine = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head=lm_head)
     rss_target = _current_rss_mb()
     for m in methods:
         if m.k is None:
-            m.k = engine.draft_k
+            m.k = default_k(engine, temperature == 0.0)
     drafters = {}
     for m in methods:
         if m.kind == "lookup":
@@ -139,7 +139,7 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
             drafters[m.name] = make_drafter(m.draft, engine.spec)
     rss_all = _current_rss_mb()
     engines = {"main": engine}
-    if _llama_lowrank(engine):
+    if _llama_lowrank(engine) and temperature == 0.0:  # sampling uses the full head anyway
         engines["plain"] = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head="full")
         i = next(i for i, m in enumerate(methods) if m.kind == "target")
         methods = [*methods[:i], Method("target", "target", k=0, engine="plain"),
@@ -154,7 +154,7 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     def run(m: Method, ids: list[int]):
         d = drafters.get(m.name)
         eng = engines[m.engine]
-        policy = make_policy(m.policy, m.k, eng) if d else FixedK(0)
+        policy = make_policy(m.policy, m.k, eng, greedy=sp.greedy) if d else FixedK(0)
         g = Generation(eng, ids, sp, max_tokens=max_new_tokens, drafter=d, policy=policy)
         for _ in g:
             pass

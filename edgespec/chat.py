@@ -60,7 +60,8 @@ class ChatSession:
             self.messages.pop()
             raise EdgespecError("the conversation no longer fits the context; /reset to start over")
         stop = None if self.engine.spec.chat_template else ["\nUser:"]
-        policy = make_policy(self.policy_name, self.k if self.drafter else 0, self.engine)
+        policy = make_policy(self.policy_name, self.k if self.drafter else 0, self.engine,
+                             greedy=self.sampling.greedy)
         gen = Generation(self.engine, ids, self.sampling, max_tokens=self.max_tokens,
                          drafter=self.drafter, policy=policy, stop=stop)
         try:

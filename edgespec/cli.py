@@ -296,8 +296,8 @@ def _cmd_export(args) -> int:
 
 
 K_HELP = ("most tokens drafted per step (default: the engine's: 3 on llama.cpp with its full LM "
-          "head, where checking k tokens costs nearly k decodes; 6 with the low-rank LM head and on "
-          "onnxruntime, where it costs far less)")
+          "head (and for sampling), where checking k tokens costs nearly k decodes; 6 with the "
+          "low-rank LM head (greedy) and on onnxruntime, where it costs far less)")
 LM_HEAD_HELP = ("llama.cpp targets, greedy decoding: auto (default: the low-rank LM head where a "
                 "basis ships for the target, else full), full (llama.cpp's own), lowrank, or a "
                 "basis file made by `edgespec export lowrank-basis`")

@@ -56,7 +56,7 @@ class SpeculativeLlama:
         sp = SamplingParams(temperature=max(0.0, float(temperature)), top_k=max(0, int(top_k)),
                             top_p=float(top_p) if 0 < top_p <= 1 else 1.0,
                             seed=self.seed if seed is None else seed)
-        policy = make_policy(self.policy, self.k if self.drafter else 0, self.engine)
+        policy = make_policy(self.policy, self.k if self.drafter else 0, self.engine, greedy=sp.greedy)
         return Generation(self.engine, ids, sp, max_tokens=max_tokens, drafter=self.drafter,
                           policy=policy, stop=stop)
 

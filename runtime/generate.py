@@ -47,7 +47,8 @@ def generate(target: str | Path | LlamaTarget, prompt: str, max_tokens: int = 12
     drafter = make_drafter(draft, engine.spec)
     ids = engine.tokenize(prompt)
     gen = Generation(engine, ids, sampling, max_tokens=max_tokens, drafter=drafter,
-                     policy=make_policy(policy, k if drafter else 0, engine), stop=stop)
+                     policy=make_policy(policy, k if drafter else 0, engine, greedy=sampling.greedy),
+                     stop=stop)
     for _, piece in gen:
         if on_text and piece:
             on_text(piece)

@@ -125,8 +125,10 @@ class LlamaTarget(LlamaVocab):
 
     # Default for the most tokens drafted per step: with llama.cpp's full LM head checking k
     # tokens costs nearly k decodes (c(4) = 2.7 c(1) for Gemma 3 270M on 2 cores), so longer
-    # drafts rarely pay; an engine with the low-rank LM head sets 6 (c(4) = 2.0 c(1) there).
+    # drafts rarely pay; an engine with the low-rank LM head sets 6 (c(4) = 2.0 c(1) there) for
+    # greedy decoding; sampling verifies with the full head.
     draft_k = 3
+    draft_k_sampled = 3
 
     def __init__(self, target: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, swa_full: bool = False, spec: TargetSpec | None = None,

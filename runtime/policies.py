@@ -58,9 +58,9 @@ def _cache_path() -> Path:
     return base / "verify_cost.json"
 
 
-def verify_cost_curve(engine, k_max: int = 8, repeats: int = 7) -> list[float]:
-    """Median ms of one decode of k tokens with logits at every position, k = 1..k_max.
-    Leaves the engine's cache empty."""
+def verify_cost_curve(engine, k_max: int = 8, repeats: int = 7, top_only: bool = True) -> list[float]:
+    """Median ms of one decode of k tokens with logits at every position, k = 1..k_max
+    (top_only: as greedy verification asks for them). Leaves the engine's cache empty."""
     engine.reset()
     engine.prefill(engine.tokenize("A short context so that the cache is not empty: " * 4))
     base = len(engine.tokens)
@@ -69,7 +69,7 @@ def verify_cost_curve(engine, k_max: int = 8, repeats: int = 7) -> list[float]:
         times = []
         for r in range(repeats + 1):
             t0 = time.perf_counter()
-            engine.decode([1000 + 7 * i for i in range(k)], hidden=True, copy=False, top_only=True)
+            engine.decode([1000 + 7 * i for i in range(k)], hidden=True, copy=False, top_only=top_only)
             if r:  # the first run warms up
                 times.append(1000 * (time.perf_counter() - t0))
             engine.truncate(base)
@@ -78,12 +78,16 @@ def verify_cost_curve(engine, k_max: int = 8, repeats: int = 7) -> list[float]:
     return out
 
 
-def measure_verify_cost(engine, n_max: int, repeats: int = 5) -> list[float]:
-    """Seconds per verify of n = 1..n_max tokens on this machine, cached per target file and
-    thread count."""
+def measure_verify_cost(engine, n_max: int, repeats: int = 5, top_only: bool = True) -> list[float]:
+    """Seconds per verify of n = 1..n_max tokens on this machine, cached per target file, thread
+    count and LM head in use (a low-rank head answers greedy verification only)."""
     model = getattr(engine, "model_file", engine.spec.path)  # the ONNX file for onnxruntime
+    lowrank = getattr(engine, "lowrank", None)
+    head = "full"
+    if top_only and lowrank:
+        head = f"lowrank-r{lowrank.rank}-c{lowrank.n_candidates}" if hasattr(lowrank, "rank") else "top"
     key = (f"{type(engine).__name__}|{Path(model).resolve()}|{os.path.getsize(model)}"
-           f"|t{engine.n_threads}|n{n_max}")
+           f"|t{engine.n_threads}|n{n_max}|{head}")
     path = _cache_path()
     try:
         cached = json.loads(path.read_text())
@@ -92,7 +96,7 @@ def measure_verify_cost(engine, n_max: int, repeats: int = 5) -> list[float]:
     if key in cached:
         return cached[key]
     saved = list(engine.tokens)
-    costs = [ms / 1000 for ms in verify_cost_curve(engine, n_max, repeats)]
+    costs = [ms / 1000 for ms in verify_cost_curve(engine, n_max, repeats, top_only)]
     engine.prefill(saved)
     cached[key] = costs
     try:
@@ -190,10 +194,17 @@ class CostAware(FixedK):
             self.draft_step_s += self.ema * (seconds / steps - self.draft_step_s)
 
 
-def make_policy(name: str, k: int | None, engine=None):
-    """k: the most tokens drafted per step; None takes the engine's default (`draft_k`)."""
+def default_k(engine, greedy: bool = True) -> int:
+    """The engine's default for the most tokens drafted per step: `draft_k`, or for sampling
+    `draft_k_sampled` where the engine has one (its greedy verification can be cheaper)."""
+    return engine.draft_k if greedy else getattr(engine, "draft_k_sampled", engine.draft_k)
+
+
+def make_policy(name: str, k: int | None, engine=None, greedy: bool = True):
+    """k: the most tokens drafted per step; None takes `default_k`. greedy: the cost policy
+    measures verification as greedy decoding asks for it (low-rank LM head) or as sampling does."""
     if k is None:
-        k = engine.draft_k
+        k = default_k(engine, greedy)
     if name == "fixed":
         return FixedK(k)
     if name == "confidence":
@@ -201,5 +212,5 @@ def make_policy(name: str, k: int | None, engine=None):
     if name == "cost":
         if engine is None:
             raise ValueError("the cost policy needs the target engine to measure verify cost")
-        return CostAware(k, measure_verify_cost(engine, k + 1))
+        return CostAware(k, measure_verify_cost(engine, k + 1, top_only=greedy))
     raise EdgespecError(f"unknown draft policy '{name}'; choose from {', '.join(POLICIES)}")

@@ -44,3 +44,51 @@ def test_make_policy_takes_the_engines_draft_length_when_none_is_given():
 
     assert make_policy("fixed", None, SimpleNamespace(draft_k=6)).next_k() == 6
     assert make_policy("confidence", 2, SimpleNamespace(draft_k=6)).next_k() == 2
+    # sampling verifies with the full LM head: an engine may default to fewer drafts there
+    lowrank = SimpleNamespace(draft_k=6, draft_k_sampled=3)
+    assert make_policy("fixed", None, lowrank, greedy=False).next_k() == 3
+    assert make_policy("fixed", None, lowrank, greedy=True).next_k() == 6
+    assert make_policy("fixed", None, SimpleNamespace(draft_k=6), greedy=False).next_k() == 6
+
+
+def test_verify_cost_is_measured_and_cached_per_lm_head(tmp_path, monkeypatch):
+    """Greedy verification with a low-rank LM head costs less than sampling's full head: the
+    cost policy measures each with the decode it will get, cached under separate keys."""
+    import json
+    from types import SimpleNamespace
+
+    from edgespec.runtime import policies
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    seen = []
+
+    class Engine:
+        n_threads, tokens = 2, []
+        spec = SimpleNamespace(path=str(tmp_path / "t.gguf"))
+        lowrank = SimpleNamespace(rank=256, n_candidates=128)
+
+        def reset(self):
+            self.tokens = []
+
+        def prefill(self, ids):
+            self.tokens = list(ids)
+
+        def tokenize(self, text):
+            return [1, 2, 3]
+
+        def truncate(self, n):
+            self.tokens = self.tokens[:n]
+
+        def decode(self, toks, hidden=False, copy=True, top_only=False):
+            seen.append(top_only)
+
+    (tmp_path / "t.gguf").write_bytes(b"x")
+    eng = Engine()
+    policies.measure_verify_cost(eng, 2, repeats=1, top_only=True)
+    policies.measure_verify_cost(eng, 2, repeats=1, top_only=False)
+    n = len(seen)
+    assert set(seen[: n // 2]) == {True} and set(seen[n // 2:]) == {False}
+    policies.measure_verify_cost(eng, 2, repeats=1, top_only=False)  # cached: no decode
+    assert len(seen) == n
+    keys = list(json.loads((tmp_path / "edgespec" / "verify_cost.json").read_text()))
+    assert [k.rsplit("|", 1)[1] for k in keys] == ["lowrank-r256-c128", "full"]

@@ -44,7 +44,7 @@ def _cmd_generate(args) -> int:
         speedup = s.tokens_per_s / base.stats.tokens_per_s if base.stats.tokens_per_s else 0.0
         out.update(target_only_tokens_per_s=round(base.stats.tokens_per_s, 3),
                    speedup=round(speedup, 4), same_as_target=base.token_ids == res.token_ids)
-        lowrank = getattr(engine, "lowrank", None) is not None and not args.temperature
+        lowrank = bool(getattr(engine, "lowrank", None)) and not args.temperature  # ONNX: a bool
         head = " (low-rank LM head)" if lowrank else ""
         line += (f"\n[target-only{head} in the same run: {base.stats.tokens_per_s:.1f} tok/s -> speedup "
                  f"{speedup:.2f}x; output {'identical' if base.token_ids == res.token_ids else 'differs (llama.cpp batch numerics)'}]")

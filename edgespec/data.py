@@ -111,7 +111,8 @@ def make_data(target, prompts: list[str], out: str | Path, cfg: DataConfig | Non
         raise EdgespecError("no prompts found in the given sources")
     random.Random(cfg.seed).shuffle(passages)
     passages = passages[: cfg.n_prompts]
-    engine = engine or LlamaTarget(target, n_ctx=cfg.prompt_tokens + cfg.new_tokens + 64)
+    # the target's own greedy tokens, not the low-rank head's (they differ at a near-tie or two)
+    engine = engine or LlamaTarget(target, n_ctx=cfg.prompt_tokens + cfg.new_tokens + 64, lm_head="full")
     spec = engine.spec
     try:
         out.mkdir(parents=True, exist_ok=True)

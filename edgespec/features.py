@@ -120,7 +120,7 @@ class ExtractConfig:
     dtype: str = "int4"
     group_size: int = 32
     shard_samples: int = 100
-    n_batch: int = 64  # tokens per decode: every one is an output (logits + hidden)
+    n_batch: int = 64  # tokens per decode, every one's hidden state read
     transform: str = "dct"  # int8/int4: channel scales + DCT before quantizing ("none": off)
 
 
@@ -132,17 +132,11 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def sample_hidden(engine, tokens: list[int], n_batch: int) -> np.ndarray:
+def sample_hidden(engine, tokens: list[int]) -> np.ndarray:
     """The target's final hidden state at every position of `tokens`: [T, E] float32 (read
     before the LM head where the engine can: llama.cpp's logits are then never computed)."""
     engine.reset()
-    if getattr(engine, "has_probe", False):
-        return engine.hidden_states(tokens)
-    out = []
-    for s in range(0, len(tokens), n_batch):
-        _, h = engine.decode(tokens[s:s + n_batch], hidden=True)
-        out.append(h)
-    return np.concatenate(out)
+    return engine.hidden_states(tokens)
 
 
 def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None = None,
@@ -194,7 +188,7 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
         chunk = samples[s0:s0 + cfg.shard_samples]
         toks, seqs, hid = [], [], []
         for s in chunk:
-            hid.append(sample_hidden(engine, s["tokens"], cfg.n_batch))
+            hid.append(sample_hidden(engine, s["tokens"]))
             toks.extend(s["tokens"])
             seqs.extend([s["index"]] * len(s["tokens"]))
             bar.update(len(s["tokens"]))
@@ -323,7 +317,7 @@ class OnlineFeatures(_Samples):
         if data_manifest["target_fingerprint"] != spec.tokenizer_fingerprint:
             raise EdgespecError(f"{data} was made by another target (tokenizer fingerprint "
                                 f"{data_manifest['target_fingerprint']} != {spec.tokenizer_fingerprint})")
-        self.fingerprint, self.n_embd, self.n_batch = spec.tokenizer_fingerprint, spec.n_embd, n_batch
+        self.fingerprint, self.n_embd = spec.tokenizer_fingerprint, spec.n_embd
         self.tokens = [np.asarray(s["tokens"], dtype=np.int32) for s in samples]
         self._ids = [int(s["index"]) for s in samples]
         self.manifest = {"target": spec.name, "target_fingerprint": self.fingerprint, "data": str(data),
@@ -338,7 +332,7 @@ class OnlineFeatures(_Samples):
             self._cache.move_to_end(i)
             return self._cache[i].astype(np.float32)
         t0 = time.perf_counter()
-        h = sample_hidden(self.engine, [int(x) for x in self.tokens[i]], self.n_batch)
+        h = sample_hidden(self.engine, [int(x) for x in self.tokens[i]])
         self.target_seconds += time.perf_counter() - t0
         self.target_tokens += len(h)
         if h.nbytes // 2 <= self._budget:

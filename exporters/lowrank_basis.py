@@ -81,6 +81,7 @@ def check_lowrank(target: str, basis: str | Path, threads: int | None = None, n_
                   max_tokens: int = 32, log=print) -> dict:
     from edgespec.bench import DEFAULT_PROMPTS, read_prompts
     from edgespec.runtime.llama_target import LlamaTarget
+    from edgespec.runtime.policies import verify_cost_curve
 
     full = LlamaTarget(target, n_ctx=2048, n_threads=threads, lm_head="full")
     t0 = time.perf_counter()
@@ -104,7 +105,13 @@ def check_lowrank(target: str, basis: str | Path, threads: int | None = None, n_
             same, total = same + hits, total + len(chunk)
             kind = by_kind.setdefault(p.get("kind", "all"), [0, 0])
             kind[0], kind[1] = kind[0] + hits, kind[1] + len(chunk)
-    cost = _cost_curve(full, lr, full.tokenize(prompts[0]["prompt"]))
+    # each head as verification uses it, interleaved so machine drift hits both alike
+    ca, cb = [], []
+    for _ in range(3):
+        ca.append(verify_cost_curve(full, 8, top_only=False))
+        cb.append(verify_cost_curve(lr, 8, top_only=True))
+    cost = {"ms_full": [round(float(x), 1) for x in np.median(ca, 0)],
+            "ms_lowrank": [round(float(x), 1) for x in np.median(cb, 0)]}
     full.close()
     lr.close()
     res = {"positions": total, "top1_agreement_with_llama_cpp": round(same / max(total, 1), 4),
@@ -113,23 +120,4 @@ def check_lowrank(target: str, basis: str | Path, threads: int | None = None, n_
     log(f"low-rank LM head: top token = llama.cpp's at {same}/{total} positions; "
         f"c(k) ms full {res['ms_full']} / low-rank {res['ms_lowrank']}")
     return res
-
-
-def _cost_curve(full, lr, prompt: list[int], ks=range(1, 9), reps: int = 9) -> dict:
-    """Median ms of one decode of k tokens after the prompt, each head, interleaved."""
-    for eng in (full, lr):
-        eng.reset()
-        eng.prefill(prompt)
-    n0 = len(prompt)
-    times = {"full": {k: [] for k in ks}, "lowrank": {k: [] for k in ks}}
-    for _ in range(reps):
-        for k in ks:
-            toks = [1000 + 7 * i for i in range(k)]
-            for name, eng, kw in (("full", full, {}), ("lowrank", lr, {"top_only": True})):
-                eng.truncate(n0)
-                t = time.perf_counter()
-                eng.decode(toks, copy=False, **kw)
-                times[name][k].append(time.perf_counter() - t)
-    return {f"ms_{name}": [round(float(np.median(v[k])) * 1000, 1) for k in ks]
-            for name, v in times.items()}
 

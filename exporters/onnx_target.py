@@ -357,7 +357,7 @@ def check_onnx_target(folder: str | Path, target: str, n_prompts: int = 4, max_t
 
     prompts = [p["prompt"] for p in read_prompts(DEFAULT_PROMPTS)][::6][:n_prompts]  # every kind
     res, extra = {}, {}
-    for name, make in (("llama.cpp", lambda: LlamaTarget(target, n_ctx=1024)),
+    for name, make in (("llama.cpp", lambda: LlamaTarget(target, n_ctx=1024, lm_head="full")),
                        ("onnxruntime", lambda: OrtTarget(folder, n_ctx=1024))):
         eng = make()
         outs, secs, toks = [], 0.0, 0

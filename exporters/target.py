@@ -173,8 +173,9 @@ def export_target(target: str, out: str | Path, head_type: str = "Q4_0", threads
               "source_head_type": spec.lm_head_type, "export_s": round(time.time() - t0, 1),
               "size_source": os.path.getsize(spec.path), "size_out": os.path.getsize(out)}
     if check:
-        a = LlamaTarget(spec.path, n_ctx=512, n_threads=threads)
-        b = LlamaTarget(out, n_ctx=512, n_threads=threads)
+        # llama.cpp's own LM heads: comparing them is the point
+        a = LlamaTarget(spec.path, n_ctx=512, n_threads=threads, lm_head="full")
+        b = LlamaTarget(out, n_ctx=512, n_threads=threads, lm_head="full")
         texts = [p["text"] for p in held_out_passages()[:40]]
         report["top1_agreement"] = round(top1_agreement(a, b, texts), 4)
         # interleave the two files' measurements so machine drift hits both alike

@@ -169,11 +169,7 @@ class Generation:
         if self.drafter:
             self.drafter.reset()
         if n_h:
-            if getattr(t, "has_probe", False):  # llama.cpp without its LM head: no logits needed
-                h = t.hidden_states(self.prompt[n_plain:-1])
-            else:
-                _, h = t.decode(self.prompt[n_plain:-1], hidden=True)
-            fresh_hidden.append(h)
+            fresh_hidden.append(t.hidden_states(self.prompt[n_plain:-1]))
         st.prefill_s = time.perf_counter() - t0
         pending = self.prompt[-1]
         context = list(self.prompt)  # every token so far, pending included

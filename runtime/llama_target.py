@@ -230,14 +230,14 @@ class LlamaTarget(LlamaVocab):
             raise RuntimeError(f"hidden-state probe read {rows.size} values for {sum(outputs)} rows")
         return rows.reshape(-1, self.n_embd)
 
-    @property
-    def has_probe(self) -> bool:
-        return self._cb is not None
-
     def hidden_states(self, tokens: list[int]) -> np.ndarray:
-        """Decode tokens into the cache; their final hidden states [n, n_embd], no logits."""
-        out = [self._decode_grab(tokens[s:s + self.n_batch], [True] * len(tokens[s:s + self.n_batch]))
-               for s in range(0, len(tokens), self.n_batch)]
+        """Decode tokens into the cache; their final hidden states [n, n_embd]. With the probe
+        no logits are computed; without it embeddings mode computes them too."""
+        out = []
+        for s in range(0, len(tokens), self.n_batch):
+            chunk = tokens[s:s + self.n_batch]
+            out.append(self._decode_grab(chunk, [True] * len(chunk)) if self._cb is not None
+                       else self.decode(chunk, hidden=True)[1])
         return np.concatenate(out) if out else np.empty((0, self.n_embd), np.float32)
 
     # -- decoding ---------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from edgespec.errors import EdgespecError
 from edgespec.gguf_meta import TensorRows, read_header
 
 BASIS_NAME = "lowrank-basis.npz"
-HEADS_DIR = Path(__file__).resolve().parent / "heads"
 CHUNK = 16384  # LM-head rows per step while building the scores
 
 
@@ -60,6 +59,8 @@ def read_basis(path: str | Path, spec=None) -> np.ndarray:
 
 def shipped_basis(spec) -> Path | None:
     """The basis shipped for this target (runtime/heads/*/lowrank-basis.npz), by fingerprint."""
+    from edgespec.runtime.drafters import HEADS_DIR
+
     if HEADS_DIR.is_dir():
         for f in sorted(HEADS_DIR.glob(f"*/{BASIS_NAME}")):
             try:
@@ -203,7 +204,6 @@ class TopRows:
         if self._set is not None:
             buf[self._set] = -np.inf
         r, c = np.repeat(np.arange(n), cand.shape[1]), cand.ravel()
-        buf[r, c] = (self.rows.dot_rows(cand, hidden, q8_x=True) if self.q8_x
-                     else self.rows.dot_rows(cand, hidden)).ravel()
+        buf[r, c] = self.rows.dot_rows(cand, hidden, q8_x=self.q8_x).ravel()
         self._set = (r, c)
         return buf[:n]

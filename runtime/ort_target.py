@@ -105,6 +105,11 @@ class OrtTarget(LlamaVocab):
         for s in range(0, len(tokens), self.n_batch):
             self._run(tokens[s:s + self.n_batch], 0)  # no logits: nothing reads them
 
+    def hidden_states(self, tokens: list[int]) -> np.ndarray:
+        """Decode tokens into the cache; their final hidden states [n, n_embd], no logits."""
+        out = [self._run(tokens[s:s + self.n_batch], 0)[1] for s in range(0, len(tokens), self.n_batch)]
+        return np.concatenate(out) if out else np.empty((0, self.n_embd), np.float32)
+
     def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True,
                copy: bool = True, top_only: bool = False):
         """top_only: the caller reads only each row's argmax (greedy decoding); an export with

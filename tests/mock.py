@@ -26,6 +26,9 @@ class MockTarget:
     def prefill(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)
 
+    def hidden_states(self, tokens):
+        return self.decode(tokens, hidden=True)[1]
+
     def decode(self, tokens, hidden=False, all_logits=True, copy=True, top_only=False):
         self.decode_calls += 1
         self.tokens.extend(tokens)

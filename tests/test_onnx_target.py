@@ -139,7 +139,7 @@ class _Rows:
     def __init__(self, w):
         self.w = w
 
-    def dot_rows(self, rows, x):
+    def dot_rows(self, rows, x, q8_x=False):
         return np.einsum("tmk,tk->tm", self.w[rows], x)
 
 

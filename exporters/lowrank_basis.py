@@ -51,7 +51,7 @@ def export_lowrank_basis(target: str, out: str | Path, rank: int = 256, n_tokens
 
 def calibration_sequences(engine, n_tokens: int, per_text: int = 128):
     """The first `per_text` tokens of the training-side stdlib passages, `n_tokens` in all."""
-    from edgespec.data import stdlib_passages
+    from edgespec.training.data import stdlib_passages
 
     passages = stdlib_passages("train")
     seen = 0
@@ -79,7 +79,7 @@ def _greedy(engine, ids: list[int], n: int) -> list[int]:
 
 def check_lowrank(target: str, basis: str | Path, threads: int | None = None, n_prompts: int = 0,
                   max_tokens: int = 32, log=print) -> dict:
-    from edgespec.bench import DEFAULT_PROMPTS, read_prompts
+    from edgespec.prompts import DEFAULT_PROMPTS, read_prompts
     from edgespec.runtime.llama_target import LlamaTarget
     from edgespec.runtime.policies import verify_cost_curve
 

@@ -26,7 +26,9 @@ from pathlib import Path
 
 from edgespec.errors import EdgespecError
 from edgespec.io import atomic_write
-from edgespec.runtime.onnx_session import cache_names
+from edgespec.runtime.formats import (ONNX_DRAFT_VOCAB, ONNX_FINGERPRINT, ONNX_FORMAT,
+                                      ONNX_HEAD_CONFIG, ONNX_HEAD_FORMAT, ONNX_QUANT, ONNX_TARGET,
+                                      cache_names)
 
 QUANTS = ("fp32", "int8", "int4")
 OPSET = 17
@@ -186,7 +188,7 @@ def write_head_onnx(ckpt: str | Path, out: str | Path, quant: str = "int8") -> d
     import onnx
     import torch
 
-    from edgespec.train import load_checkpoint
+    from edgespec.training.train import load_checkpoint
 
     if quant not in QUANTS:
         raise EdgespecError(f"unknown --quant {quant} for ONNX; choose from {', '.join(QUANTS)}")
@@ -205,9 +207,9 @@ def write_head_onnx(ckpt: str | Path, out: str | Path, quant: str = "int8") -> d
         with quiet_quantizers():
             model = _quantize(model, raw, Path(td), quant, c)
         draft_ids = [int(x) for x in meta["draft_vocab"]["ids"]]
-        props = {"edgespec.format": "edgespec-mtp-onnx", "edgespec.head_config": json.dumps(c.to_dict()),
-                 "edgespec.target": meta["target"], "edgespec.target_fingerprint": meta["target_fingerprint"],
-                 "edgespec.draft_vocab": json.dumps(draft_ids), "edgespec.quant": quant}
+        props = {ONNX_FORMAT: ONNX_HEAD_FORMAT, ONNX_HEAD_CONFIG: json.dumps(c.to_dict()),
+                 ONNX_TARGET: meta["target"], ONNX_FINGERPRINT: meta["target_fingerprint"],
+                 ONNX_DRAFT_VOCAB: json.dumps(draft_ids), ONNX_QUANT: quant}
         del model.metadata_props[:]
         for k, v in props.items():
             model.metadata_props.add(key=k, value=v)

@@ -45,10 +45,11 @@ from pathlib import Path
 from edgespec.errors import EdgespecError
 from edgespec.exporters.onnx_head import cache_io_names, cached_attention, quiet_quantizers, trace_to_onnx
 from edgespec.io import atomic_write_text
+from edgespec.runtime.formats import (ONNX_FINGERPRINT, ONNX_FORMAT, ONNX_QUANT, ONNX_TARGET,
+                                      ONNX_TARGET_FORMAT, TARGET_META)
 
 QUANTS = ("fp32", "int8", "int4")
 LM_HEADS = ("lowrank", "full")
-META_NAME = "edgespec-target.json"
 
 
 def _graph_module(model, spec, lowrank=None):
@@ -56,7 +57,7 @@ def _graph_module(model, spec, lowrank=None):
     from torch import nn
 
     from edgespec.exporters.onnx_head import attention_mask
-    from edgespec.head import apply_rope, rope_tables
+    from edgespec.training.head import apply_rope, rope_tables
 
     cfg = model.config
     gemma = spec.arch == "gemma3"
@@ -153,9 +154,9 @@ def lowrank_scores(model, spec, rank: int, n_tokens: int = 32768, log=print) -> 
     import numpy as np
     import torch
 
-    from edgespec.data import stdlib_passages
+    from edgespec.training.data import stdlib_passages
     from edgespec.runtime.llama_target import LlamaVocab, lc, load_vocab_only
-    from edgespec.torch_target import forward_hidden
+    from edgespec.training.torch_target import forward_hidden
 
     tok = LlamaVocab()  # llama.cpp's tokenizer of the same file
     tok.spec = spec
@@ -226,7 +227,7 @@ def export_onnx_target(target: str, out_dir: str | Path, quant: str = "int8", ch
     import onnx
 
     from edgespec.targets import load_target_spec
-    from edgespec.torch_target import load_torch_target
+    from edgespec.training.torch_target import load_torch_target
 
     if quant not in QUANTS:
         raise EdgespecError(f"unknown --quant {quant} for an ONNX target; choose from {', '.join(QUANTS)}")
@@ -237,7 +238,7 @@ def export_onnx_target(target: str, out_dir: str | Path, quant: str = "int8", ch
         raise EdgespecError(f"--rank must be a multiple of 32 below {spec.n_embd} and --candidates "
                             f"1..1024 (got {rank}, {candidates})")
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / META_NAME).exists():
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / TARGET_META).exists():
         raise EdgespecError(f"{out_dir} exists and is not an edgespec ONNX target folder")
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -263,9 +264,8 @@ def export_onnx_target(target: str, out_dir: str | Path, quant: str = "int8", ch
             if quant != "fp32":
                 m = _quantize(m, quant, lm_head == "lowrank", work, log)
         del m.metadata_props[:]
-        for k, v in {"edgespec.format": "edgespec-target-onnx", "edgespec.target": spec.name,
-                     "edgespec.target_fingerprint": spec.tokenizer_fingerprint,
-                     "edgespec.quant": quant}.items():
+        for k, v in {ONNX_FORMAT: ONNX_TARGET_FORMAT, ONNX_TARGET: spec.name,
+                     ONNX_FINGERPRINT: spec.tokenizer_fingerprint, ONNX_QUANT: quant}.items():
             m.metadata_props.add(key=k, value=v)
         for f in final.iterdir():
             f.unlink()
@@ -273,7 +273,7 @@ def export_onnx_target(target: str, out_dir: str | Path, quant: str = "int8", ch
                   location="model.onnx.data", size_threshold=1024)
         del m
         onnx.checker.check_model(str(final / "model.onnx"))
-        meta = {"format": "edgespec-target-onnx", "target": spec.name, "target_path": str(spec.path),
+        meta = {"format": ONNX_TARGET_FORMAT, "target": spec.name, "target_path": str(spec.path),
                 "target_fingerprint": spec.tokenizer_fingerprint, "quant": quant,
                 "n_layer": spec.n_layer, "n_embd": spec.n_embd, "n_head_kv": spec.n_head_kv,
                 "head_dim": spec.head_dim, "n_vocab": spec.n_vocab, "embed_scale": spec.embed_scale,
@@ -286,7 +286,7 @@ def export_onnx_target(target: str, out_dir: str | Path, quant: str = "int8", ch
             meta["lm_head"] = {"kind": "lowrank", "rank": rank, "candidates": candidates,
                                "rescore": "output.weight" if "output.weight" in tensors
                                else "token_embd.weight"}
-        atomic_write_text(final / META_NAME, json.dumps(meta, indent=1) + "\n")
+        atomic_write_text(final / TARGET_META, json.dumps(meta, indent=1) + "\n")
         # swap the finished folder in: a failed export never leaves a half-written one
         if out_dir.exists():
             old = work / "old"
@@ -348,7 +348,7 @@ def check_onnx_target(folder: str | Path, target: str, n_prompts: int = 4, max_t
     and the cost of checking k = 1..8 tokens in one decode on each engine (median ms).
     With the low-rank LM head, also how often its top token (and the full ONNX LM head's) is the
     top token of the exact logits (the target's stored LM head in fp32), position by position."""
-    from edgespec.bench import DEFAULT_PROMPTS, read_prompts
+    from edgespec.prompts import DEFAULT_PROMPTS, read_prompts
     from edgespec.runtime.decoding import Generation
     from edgespec.runtime.llama_target import LlamaTarget
     from edgespec.runtime.ort_target import OrtTarget

@@ -153,7 +153,7 @@ def export_target(target: str, out: str | Path, head_type: str = "Q4_0", threads
                   check: bool = True, k_max: int = 8, mode: str = "untie") -> dict:
     """mode: "untie" adds a separate LM head (inputs unchanged; tied models only),
     "requantize" re-quantizes the existing LM head tensor in place (inputs change too when tied)."""
-    from edgespec.data import held_out_passages
+    from edgespec.training.data import held_out_passages
     from edgespec.runtime.llama_target import LlamaTarget
 
     spec = load_target_spec(target)

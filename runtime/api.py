@@ -16,9 +16,10 @@ import time
 import uuid
 from typing import Iterator
 
-from edgespec.chat import render_chat
+from edgespec.runtime.chat import render_chat
 from edgespec.runtime.decoding import Generation
-from edgespec.runtime.generate import make_drafter, open_target
+from edgespec.runtime.drafters import make_drafter
+from edgespec.runtime.generate import open_target
 from edgespec.runtime.policies import make_policy
 from edgespec.runtime.sampling import SamplingParams
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import codecs
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 import numpy as np
 
@@ -26,18 +27,35 @@ from edgespec.errors import EdgespecError
 from edgespec.runtime.policies import FixedK
 from edgespec.runtime.sampling import SamplingParams, draw, probs, sample
 
+if TYPE_CHECKING:
+    from edgespec.runtime.lowrank import LowRankInfo
+    from edgespec.targets import TargetSpec
+
 
 class Target(Protocol):
-    tokens: list[int]
-    n_ctx: int
+    """A target engine (LlamaTarget, OrtTarget, the tests' mock): a tokenizer, a KV cache that
+    holds `tokens` at positions 0.., batched decodes and exact rollback."""
 
+    spec: TargetSpec  # the target's shape and tokenizer, from its GGUF file
+    tokens: list[int]  # tokens whose K/V sit in the cache
+    n_ctx: int
+    n_threads: int
+    draft_k: int  # default for the most tokens drafted per step, greedy decoding
+    draft_k_sampled: int  # the same for sampling (verified with the full LM head)
+    engine: str  # "llama.cpp", "onnxruntime"
+    model_file: Path  # the file whose content keys measurements cached for this engine
+    lowrank: LowRankInfo | None  # the low-rank LM head greedy verification uses, if any
+
+    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]: ...
+    def token_bytes(self, token: int) -> bytes: ...
+    def is_eog(self, token: int) -> bool: ...
     def prefill(self, tokens: list[int]) -> None: ...
+    def hidden_states(self, tokens: list[int]) -> np.ndarray: ...
     def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True,
                copy: bool = True, top_only: bool = False) -> tuple[np.ndarray, np.ndarray | None]: ...
     def truncate(self, n: int) -> None: ...
     def reset(self) -> None: ...
-    def is_eog(self, token: int) -> bool: ...
-    def token_bytes(self, token: int) -> bytes: ...
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -134,7 +152,11 @@ def _accept_sampled(logits: np.ndarray, draft: Draft, sp: SamplingParams,
 
 
 class Generation:
-    """Iterate to stream (token id, text piece) pairs; `stats` fills in as it runs."""
+    """Iterate to stream (token id, text piece) pairs; `stats` fills in as it runs.
+
+    Each step of the loop is one method, in the order of the module doc: `_draft`, `_verify`,
+    `_accept`, `_rollback`, `_feedback`, `_emit`.
+    """
 
     def __init__(self, target: Target, prompt: list[int], sampling: SamplingParams,
                  max_tokens: int = 128, drafter: Drafter | None = None, policy=None,
@@ -151,97 +173,127 @@ class Generation:
         self.policy = policy or FixedK(4 if drafter else 0)
         self.stop = [s for s in (stop or []) if s]
         self.prompt_hidden = prompt_hidden  # prompt positions whose hidden states the head sees
+        self.want_hidden = bool(drafter and drafter.needs_hidden)
         self.stats = Stats(prompt_tokens=len(prompt))
         self.text = ""
         self.token_ids: list[int] = []
+        self.context: list[int] = []  # every token so far, the pending one included
+        self.pending = prompt[-1]  # the newest token: chosen, not yet in the cache
+        self._fresh_hidden: list[np.ndarray] = []  # hidden rows the drafter has not seen yet
+        self._rng = np.random.default_rng(sampling.seed)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
-        t, st, sp = self.target, self.stats, self.sampling
-        rng = np.random.default_rng(sp.seed)
-        want_hidden = bool(self.drafter and self.drafter.needs_hidden)
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        t0 = time.perf_counter()
-        t.reset()
-        n_h = min(len(self.prompt) - 1, self.prompt_hidden) if want_hidden else 0
-        n_plain = len(self.prompt) - 1 - n_h
-        t.prefill(self.prompt[:n_plain])
-        fresh_hidden = []  # hidden rows the drafter has not seen yet
-        if self.drafter:
-            self.drafter.reset()
-        if n_h:
-            fresh_hidden.append(t.hidden_states(self.prompt[n_plain:-1]))
-        st.prefill_s = time.perf_counter() - t0
-        pending = self.prompt[-1]
-        context = list(self.prompt)  # every token so far, pending included
+        st = self.stats
+        self._prefill()
         t_start = time.perf_counter()
         try:
             while True:
-                room = t.n_ctx - len(t.tokens) - 1
-                if room < 0:
+                k = self._draft_length()
+                if k is None:
                     st.finish_reason = "context"
                     return
-                k = min(self.policy.next_k(), room, self.max_tokens - st.tokens - 1)
-                draft = Draft([])
-                if self.drafter and k > 0 and (fresh_hidden or not want_hidden):
-                    td = time.perf_counter()
-                    rows = np.concatenate(fresh_hidden) if fresh_hidden else None
-                    fresh_hidden = []
-                    draft = self.drafter.propose(context, rows, k, p_min=self.policy.p_min)
-                    n_made = min(k, len(draft.tokens))
-                    n = min(n_made, self.policy.trim(draft))
-                    draft.tokens, draft.q = draft.tokens[:n], draft.q[:n]
-                    dt = time.perf_counter() - td
-                    st.draft_s += dt
-                    st.draft_steps += n_made
-                    self.policy.observe_draft_time(dt, n_made)
+                draft = self._draft(k)
                 tv = time.perf_counter()
-                base = len(t.tokens)
-                logits, hid = t.decode([pending] + draft.tokens, hidden=want_hidden,
-                                       all_logits=bool(draft.tokens), copy=False,
-                                       top_only=sp.greedy)
-                if sp.greedy:
-                    n_acc, nxt = _accept_greedy(logits, draft.tokens)
-                else:
-                    n_acc, nxt = _accept_sampled(logits, draft, sp, rng)
-                if n_acc < len(draft.tokens):
-                    t.truncate(base + 1 + n_acc)
+                logits, hidden = self._verify(draft)
+                n_acc, nxt = self._accept(logits, draft)
+                self._rollback(draft, n_acc, hidden)
                 st.verify_s += time.perf_counter() - tv
-                st.verify_passes += 1
-                self._count(len(draft.tokens), n_acc)
-                self.policy.update(len(draft.tokens), n_acc, draft.source)
-                if hid is not None:
-                    fresh_hidden.append(hid[:n_acc + 1].copy())
+                self._feedback(draft, n_acc)
                 for tok in draft.tokens[:n_acc] + [nxt]:
-                    context.append(tok)
-                    piece = self._emit(tok, utf8)
+                    piece = self._emit(tok)
                     yield tok, piece
                     if st.finish_reason:
                         return
-                pending = nxt
+                self.pending = nxt
         finally:
             st.decode_s = time.perf_counter() - t_start
             if not st.finish_reason:
                 st.finish_reason = "stopped"
 
-    def _count(self, drafted: int, accepted: int) -> None:
-        st = self.stats
-        st.drafted += drafted
-        st.accepted += accepted
-        while len(st.drafted_at) < drafted:
+    def _prefill(self) -> None:
+        """The prompt but its last token into the cache; the head's prompt rows read on the way."""
+        t, t0 = self.target, time.perf_counter()
+        t.reset()
+        if self.drafter:
+            self.drafter.reset()
+        n_h = min(len(self.prompt) - 1, self.prompt_hidden) if self.want_hidden else 0
+        n_plain = len(self.prompt) - 1 - n_h
+        t.prefill(self.prompt[:n_plain])
+        if n_h:
+            self._fresh_hidden.append(t.hidden_states(self.prompt[n_plain:-1]))
+        self.context = list(self.prompt)
+        self.stats.prefill_s = time.perf_counter() - t0
+
+    def _draft_length(self) -> int | None:
+        """The most tokens to draft now (policy, context room, tokens left); None: context full."""
+        room = self.target.n_ctx - len(self.target.tokens) - 1
+        if room < 0:
+            return None
+        return min(self.policy.next_k(), room, self.max_tokens - self.stats.tokens - 1)
+
+    def _draft(self, k: int) -> Draft:
+        """Up to k guesses for the tokens after `pending`, trimmed by the policy."""
+        if not self.drafter or k <= 0 or (self.want_hidden and not self._fresh_hidden):
+            return Draft([])
+        st, td = self.stats, time.perf_counter()
+        rows = np.concatenate(self._fresh_hidden) if self._fresh_hidden else None
+        self._fresh_hidden = []
+        draft = self.drafter.propose(self.context, rows, k, p_min=self.policy.p_min)
+        n_made = min(k, len(draft.tokens))
+        n = min(n_made, self.policy.trim(draft))
+        draft.tokens, draft.q = draft.tokens[:n], draft.q[:n]
+        dt = time.perf_counter() - td
+        st.draft_s += dt
+        st.draft_steps += n_made
+        self.policy.observe_draft_time(dt, n_made)
+        return draft
+
+    def _verify(self, draft: Draft) -> tuple[np.ndarray, np.ndarray | None]:
+        """One batched target pass over [pending] + drafts: logits (and hidden states) per row,
+        views valid until the target's next decode."""
+        return self.target.decode([self.pending] + draft.tokens, hidden=self.want_hidden,
+                                  all_logits=bool(draft.tokens), copy=False,
+                                  top_only=self.sampling.greedy)
+
+    def _accept(self, logits: np.ndarray, draft: Draft) -> tuple[int, int]:
+        """(drafts accepted, the target's own next token)."""
+        if self.sampling.greedy:
+            return _accept_greedy(logits, draft.tokens)
+        return _accept_sampled(logits, draft, self.sampling, self._rng)
+
+    def _rollback(self, draft: Draft, n_acc: int, hidden: np.ndarray | None) -> None:
+        """Keep the hidden states of the accepted rows, then drop the rejected drafts from the
+        cache. The copy comes first: a rollback may re-decode and overwrite the engine's buffers."""
+        if hidden is not None:
+            self._fresh_hidden.append(hidden[:n_acc + 1].copy())
+        if n_acc < len(draft.tokens):
+            t = self.target
+            t.truncate(len(t.tokens) - len(draft.tokens) + n_acc)
+
+    def _feedback(self, draft: Draft, n_acc: int) -> None:
+        st, n = self.stats, len(draft.tokens)
+        st.verify_passes += 1
+        st.drafted += n
+        st.accepted += n_acc
+        while len(st.drafted_at) < n:
             st.drafted_at.append(0)
             st.accepted_at.append(0)
-        for i in range(drafted):
+        for i in range(n):
             st.drafted_at[i] += 1
-            st.accepted_at[i] += int(i < accepted)
+            st.accepted_at[i] += int(i < n_acc)
+        self.policy.update(n, n_acc, draft.source)
 
-    def _emit(self, tok: int, utf8) -> str:
+    def _emit(self, tok: int) -> str:
+        """Record one emitted token; its text piece (stop strings cut, "" at end of generation)."""
         st = self.stats
         st.tokens += 1
         self.token_ids.append(tok)
+        self.context.append(tok)
         if self.target.is_eog(tok):
             st.finish_reason = "stop"
             return ""
-        piece = utf8.decode(self.target.token_bytes(tok))
+        piece = self._utf8.decode(self.target.token_bytes(tok))
         self.text += piece
         for s in self.stop:
             at = self.text.find(s, max(0, len(self.text) - len(piece) - len(s)))

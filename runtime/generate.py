@@ -7,10 +7,19 @@ from pathlib import Path
 from typing import Callable
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.decoding import Generation, Stats
-from edgespec.runtime.llama_target import LlamaTarget
+from edgespec.runtime.decoding import Generation, Stats, Target
+from edgespec.runtime.drafters import make_drafter
 from edgespec.runtime.policies import make_policy
 from edgespec.runtime.sampling import SamplingParams
+
+
+@dataclass
+class Comparison:
+    """Target-only decoding of the same prompt on the same engine, right after."""
+
+    tokens_per_s: float
+    speedup: float  # the speculative run's tokens/s over this one's
+    same_output: bool  # identical token ids
 
 
 @dataclass
@@ -19,44 +28,22 @@ class Result:
     token_ids: list[int]
     stats: Stats
     draft: str  # what drafted: "none" or a head's description
+    policy: str
+    lm_head: str  # the LM head verification used
+    compare: Comparison | None = None
 
     def to_dict(self) -> dict:
         out = {"text": self.text, "tokens": self.stats.tokens, "token_ids": self.token_ids,
-               "draft": self.draft}
+               "draft": self.draft, "draft_policy": self.policy, "lm_head": self.lm_head}
         out.update(self.stats.to_dict())
+        if self.compare:
+            out.update(target_only_tokens_per_s=round(self.compare.tokens_per_s, 3),
+                       speedup=round(self.compare.speedup, 4), same_as_target=self.compare.same_output)
         return out
 
 
-def generate(target: str | Path | LlamaTarget, prompt: str, max_tokens: int = 128,
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             seed: int | None = None, stop: list[str] | None = None, n_ctx: int = 4096,
-             n_threads: int | None = None, draft: str | None = None, k: int | None = None,
-             policy: str = "cost",
-             on_text: Callable[[str], None] | None = None) -> Result:
-    """Generate a continuation of `prompt`; `on_text` receives each text piece as it streams.
-
-    draft: None/"none" (target only), "lookup" (prompt lookup), "default" (the head shipped for
-    the target, mixed with prompt lookup), a head file/folder, or "head:default"/"head:PATH".
-    k: the most tokens drafted per step (None: the engine's `draft_k`).
-    """
-    if not prompt or not prompt.strip():
-        raise EdgespecError("empty prompt: give some text with --prompt")
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    engine = target if hasattr(target, "decode") else open_target(
-        target, n_ctx=n_ctx, n_threads=n_threads)
-    drafter = make_drafter(draft, engine.spec)
-    ids = engine.tokenize(prompt)
-    gen = Generation(engine, ids, sampling, max_tokens=max_tokens, drafter=drafter,
-                     policy=make_policy(policy, k if drafter else 0, engine, greedy=sampling.greedy),
-                     stop=stop)
-    for _, piece in gen:
-        if on_text and piece:
-            on_text(piece)
-    return Result(gen.text, gen.token_ids, gen.stats, getattr(drafter, "name", "none"))
-
-
 def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
-                lm_head: str = "auto"):
+                lm_head: str = "auto") -> Target:
     """The engine for a target: llama.cpp for a GGUF file or known name, onnxruntime for a
     folder made by `edgespec export onnx-target` (whose LM head was chosen at export: `lm_head`
     applies to llama.cpp targets, see LlamaTarget)."""
@@ -65,21 +52,51 @@ def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch
         from edgespec.runtime.ort_target import OrtTarget
 
         return OrtTarget(p, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
+    from edgespec.runtime.llama_target import LlamaTarget
+
     return LlamaTarget(target, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head)
 
 
-def make_drafter(draft: str | None, spec):
-    """A drafter from its command-line name (see `generate`).
+def lm_head_for(lm_head: str, greedy: bool) -> str:
+    """Sampling reads every logit, so "auto" opens sampling engines with the full LM head (and
+    without the eval callback that the low-rank head needs on every decode)."""
+    return "full" if lm_head == "auto" and not greedy else lm_head
 
-    "none", "lookup", "default" (the shipped head with prompt lookup), a head file or checkpoint
-    folder (with prompt lookup), or "head:default" / "head:PATH" for the head alone."""
-    from edgespec.runtime.drafters import HeadDrafter, MixedDrafter, PromptLookup, default_head
 
-    if draft in (None, "", "none"):
-        return None
-    if draft == "lookup":
-        return PromptLookup()
-    alone = draft.startswith("head:")
-    name = draft[len("head:"):] if alone else draft
-    head = HeadDrafter(default_head(spec) if name == "default" else name, spec)
-    return head if alone else MixedDrafter(head, PromptLookup())
+def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             seed: int | None = None, stop: list[str] | None = None, n_ctx: int = 4096,
+             n_threads: int | None = None, draft: str | None = None, k: int | None = None,
+             policy: str = "cost", lm_head: str = "auto", compare: bool = False,
+             on_text: Callable[[str], None] | None = None) -> Result:
+    """Generate a continuation of `prompt`; `on_text` receives each text piece as it streams.
+
+    target: a name, GGUF path or ONNX target folder (opened here with `lm_head`), or an open
+    engine. draft: see `make_drafter`. k: the most tokens drafted per step (None: the engine's
+    default). compare: also decode the prompt target-only and report the speedup.
+    """
+    if not prompt or not prompt.strip():
+        raise EdgespecError("empty prompt: give some text with --prompt")
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    engine = target if hasattr(target, "decode") else open_target(
+        target, n_ctx=n_ctx, n_threads=n_threads, lm_head=lm_head_for(lm_head, sampling.greedy))
+    drafter = make_drafter(draft, engine.spec)
+    ids = engine.tokenize(prompt)
+
+    def run(d) -> Generation:
+        pol = make_policy(policy, k if d else 0, engine, greedy=sampling.greedy)
+        gen = Generation(engine, ids, sampling, max_tokens=max_tokens, drafter=d, policy=pol, stop=stop)
+        for _, piece in gen:
+            if on_text and piece and d is drafter:
+                on_text(piece)
+        return gen
+
+    gen = run(drafter)
+    res = Result(gen.text, gen.token_ids, gen.stats, drafter.name if drafter else "none", policy,
+                 engine.describe_lm_head(sampling.greedy))
+    if compare and drafter:
+        base = run(None)
+        rate = base.stats.tokens_per_s
+        res.compare = Comparison(rate, gen.stats.tokens_per_s / rate if rate else 0.0,
+                                 base.token_ids == gen.token_ids)
+    return res

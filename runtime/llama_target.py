@@ -4,7 +4,7 @@ One sequence, one context. The engine keeps the list of tokens that sit in the K
 batches with chosen output rows, returns logits and final hidden states (after the output norm:
 the vector the draft head is fed), and rolls the cache back for rejected drafts.
 
-Traps handled here (see NOTES): the high-level `Llama(draft_model=...)` path is avoided; hidden
+Traps handled here: the high-level `Llama(draft_model=...)` path is avoided; hidden
 states need `embeddings=True` with pooling NONE, which makes every token of a batch an output, so
 prompt prefill runs with embeddings off; rolling a sliding-window cache back further than it holds
 silently corrupts logits, so `truncate` checks `llama_memory_seq_pos_min` and re-decodes the
@@ -15,7 +15,8 @@ basis ships for the target): an eval callback (`cb_eval`) copies the final hidde
 ("result_norm", after the output norm) out of the graph and stops the computation there, so
 llama.cpp never runs its 262k-wide LM head; the low-rank head picks each row's candidates and
 computes their logits as llama.cpp would. Hidden states come out this way too, without
-embeddings mode and without any logits (`hidden_states`).
+embeddings mode and without any logits (`hidden_states`). The callback runs Python for every
+graph node of every decode, so it is installed only on engines that read hidden states this way.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec.runtime.assets import shipped_basis
+from edgespec.runtime.lowrank import LowRankHead, LowRankInfo, read_basis
 from edgespec.targets import TargetSpec, load_target_spec
 
 try:
     import llama_cpp as lc
 except ImportError as e:  # pragma: no cover - llama-cpp-python is a base dependency
     raise EdgespecError(f"llama-cpp-python is not importable ({e}); run: pip install edgespec") from None
-
 
 
 @lc.llama_log_callback
@@ -123,11 +125,10 @@ def load_vocab_only(spec: TargetSpec):
 class LlamaTarget(LlamaVocab):
     """A target model on llama.cpp with an explicit, roll-back-able KV cache."""
 
+    engine = "llama.cpp"
     # Default for the most tokens drafted per step: with llama.cpp's full LM head checking k
-    # tokens costs nearly k decodes (c(4) = 2.7 c(1) for Gemma 3 270M on 2 cores), so longer
-    # drafts rarely pay; an engine with the low-rank LM head sets 6 (c(4) = 2.0 c(1) there) for
-    # greedy decoding; sampling verifies with the full head.
-    draft_k = 3
+    # tokens costs nearly k decodes, so longer drafts rarely pay; with the low-rank LM head
+    # greedy verification costs far less and the default is 6 (sampling verifies with the full head).
     draft_k_sampled = 3
 
     def __init__(self, target: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
@@ -138,6 +139,7 @@ class LlamaTarget(LlamaVocab):
         a basis file (.npz). probe: read hidden states through the eval callback even without a
         low-rank head (`hidden_states`)."""
         self.spec = spec or load_target_spec(target)
+        self.model_file = Path(self.spec.path)
         basis = self._basis(lm_head)
         _ensure_backend()
         mparams = lc.llama_model_default_params()
@@ -173,16 +175,18 @@ class LlamaTarget(LlamaVocab):
         self._embeddings_on = False
         self.tokens: list[int] = []  # tokens whose K/V sit in the cache, position = index
         self.n_redecodes = 0  # times a rollback had to re-decode because the SWA cache was short
-        self.lowrank = None
-        if basis is not None:
-            from edgespec.runtime.lowrank import LowRankHead
+        self._lowrank = None if basis is None else LowRankHead(self.spec, basis, n_threads=self.n_threads)
+        self.lowrank: LowRankInfo | None = self._lowrank.info if self._lowrank else None
+        self.draft_k = 6 if self.lowrank else 3
 
-            self.lowrank = LowRankHead(self.spec, basis, n_threads=self.n_threads)
-            self.draft_k = 6
+    def describe_lm_head(self, greedy: bool = True) -> str:
+        """The LM head verification uses (greedy passes may use the low-rank one), for reports."""
+        head = self.spec.lm_head_type
+        if greedy and self.lowrank:
+            return f"{head}; {self.lowrank.describe('as llama.cpp computes them')}"
+        return head
 
     def _basis(self, lm_head: str):
-        from edgespec.runtime.lowrank import read_basis, shipped_basis
-
         if lm_head == "full":
             return None
         if lm_head in ("auto", "lowrank"):
@@ -288,9 +292,9 @@ class LlamaTarget(LlamaVocab):
             raise ValueError(f"decode takes at most n_batch={self.n_batch} tokens")
         n = len(tokens)
         every = all_logits or hidden
-        if top_only and self.lowrank is not None:
+        if top_only and self._lowrank is not None:
             h = self._decode_grab(tokens, [True] * n if every else [False] * (n - 1) + [True])
-            return self.lowrank.top_logits(h), (h if hidden else None)
+            return self._lowrank.top_logits(h), (h if hidden else None)
         self._set_embeddings(hidden)
         self._decode_chunk(tokens, [True] * n if every else [False] * (n - 1) + [True])
         n_out = n if every else 1

@@ -11,34 +11,45 @@ to Q8_0 blocks, for a Q8_0 head). Where llama.cpp's top token is among the C can
 result is its argmax; where it is not, the output differs from llama.cpp's (measured:
 `edgespec export lowrank-basis` reports the agreement on prompts it did not calibrate on).
 
-The int8 scores are derived from the target file and the basis once and kept in the user cache
-(~/.cache/edgespec/lowrank, or $EDGESPEC_CACHE), ~67 MB for Gemma 3 270M at rank 256.
+The int8 scores are derived from the target file and the basis once and kept in edgespec's
+cache (edgespec/cache.py, keyed by the target file's content), ~67 MB for Gemma 3 270M at rank 256.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.gguf_meta import TensorRows, read_header
+from edgespec.cache import built_folder, file_identity
 
-BASIS_NAME = "lowrank-basis.npz"
 CHUNK = 16384  # LM-head rows per step while building the scores
+
+
+@dataclass(frozen=True)
+class LowRankInfo:
+    """What a low-rank LM head is, for reports and cache keys."""
+
+    rank: int
+    candidates: int
+    rescore: str  # the GGUF tensor whose rows give the candidates' exact logits
+
+    @property
+    def key(self) -> str:
+        return f"lowrank-r{self.rank}-c{self.candidates}"
+
+    def describe(self, rescored_as: str) -> str:
+        return f"greedy: rank-{self.rank} search, {self.candidates} candidates rescored {rescored_as}"
 
 
 def lm_head_tensor(spec) -> str:
     return "token_embd.weight" if spec.tied_embeddings else "output.weight"
-
-
-def cache_root() -> Path:
-    env = os.environ.get("EDGESPEC_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "edgespec"
 
 
 def read_basis(path: str | Path, spec=None) -> np.ndarray:
@@ -55,21 +66,6 @@ def read_basis(path: str | Path, spec=None) -> np.ndarray:
         if basis.ndim != 2 or basis.shape[0] != spec.n_embd:
             raise EdgespecError(f"{path}: basis shape {basis.shape} does not fit n_embd={spec.n_embd}")
     return basis
-
-
-def shipped_basis(spec) -> Path | None:
-    """The basis shipped for this target (runtime/heads/*/lowrank-basis.npz), by fingerprint."""
-    from edgespec.runtime.drafters import HEADS_DIR
-
-    if HEADS_DIR.is_dir():
-        for f in sorted(HEADS_DIR.glob(f"*/{BASIS_NAME}")):
-            try:
-                with np.load(f) as z:
-                    if str(z["target_fingerprint"]) == spec.tokenizer_fingerprint:
-                        return f
-            except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
-                continue
-    return None
 
 
 def calibrate_basis(engine, sequences, rank: int, log=print) -> tuple[np.ndarray, int]:
@@ -120,34 +116,20 @@ def _graph(n_embd: int, rank: int, n_vocab: int, candidates: int, basis: np.ndar
 
 
 def _build(folder: Path, spec, rows: TensorRows, basis: np.ndarray, candidates: int) -> None:
-    """Write model.onnx + scores.bin (raw int8 [rank, V]) as `folder`: built in a private temp
-    folder and renamed into place, so readers (and a second process building the same head)
-    never see half of it. Two passes over the LM head: the int8 scale needs the largest score
-    first; nothing of V x r floats is held at once."""
-    import shutil
-    import tempfile
-
+    """Write model.onnx + scores.bin (raw int8 [rank, V]) into `folder`. Two passes over the
+    LM head: the int8 scale needs the largest score first. The scores are built in RAM and
+    written with ordinary writes (a memory map dies of SIGBUS on a full disk)."""
     rank, v = basis.shape[1], rows.n_rows
     top = 0.0
     for s in range(0, v, CHUNK):
         top = max(top, float(np.abs(rows[s:s + CHUNK] @ basis).max()))
     scale = np.float32(top / 127 if top > 0 else 1.0)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
-        q = np.memmap(tmp / "scores.bin", dtype=np.int8, mode="w+", shape=(rank, v))
-        for s in range(0, v, CHUNK):
-            q[:, s:s + CHUNK] = np.clip(np.rint((rows[s:s + CHUNK] @ basis) / scale), -127, 127).T
-        q.flush()
-        del q
-        (tmp / "model.onnx").write_bytes(_graph(spec.n_embd, rank, v, candidates, basis).SerializeToString())
-        try:
-            os.rename(tmp, folder)
-        except OSError:
-            if not (folder / "model.onnx").is_file():  # not another process's finished build
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    q = np.empty((rank, v), np.int8)
+    for s in range(0, v, CHUNK):
+        q[:, s:s + CHUNK] = np.clip(np.rint((rows[s:s + CHUNK] @ basis) / scale), -127, 127).T
+    with open(folder / "scores.bin", "wb") as f:
+        f.write(q.tobytes())
+    (folder / "model.onnx").write_bytes(_graph(spec.n_embd, rank, v, candidates, basis).SerializeToString())
 
 
 class LowRankHead:
@@ -157,24 +139,21 @@ class LowRankHead:
                  log=None):
         from edgespec.runtime.onnx_session import open_session
 
-        self.n_vocab, self.rank, self.n_candidates = spec.n_vocab, basis.shape[1], candidates
-        self.rows = TensorRows(read_header(spec.path), lm_head_tensor(spec))
-        st = Path(spec.path).stat()
-        key = hashlib.sha256(b"%s|%d|%d|%d|" % (str(Path(spec.path).resolve()).encode(), st.st_size,
-                                                 int(st.st_mtime), candidates)
+        self.n_vocab = spec.n_vocab
+        tensor = lm_head_tensor(spec)
+        self.info = LowRankInfo(basis.shape[1], candidates, tensor)
+        self.rows = TensorRows(read_header(spec.path), tensor)
+        key = hashlib.sha256(f"{file_identity(spec.path)}|{candidates}|".encode()
                              + basis.tobytes()).hexdigest()[:16]
-        folder = cache_root() / "lowrank" / f"{spec.name}-{key}"
-        if not (folder / "model.onnx").is_file():
-            (log or (lambda m: print(m, file=sys.stderr)))(
-                f"building the low-rank LM head for {spec.name} (once; cached in {folder})")
-            try:
-                _build(folder, spec, self.rows, basis, candidates)
-            except OSError as e:
-                raise EdgespecError(f"{folder}: cannot write the low-rank LM head ({e.strerror})") from None
-        self.folder = folder
-        # takes turns with llama.cpp on the same cores: spinning onnxruntime threads slowed
-        # llama.cpp's decodes (checking 4 tokens: 43.6 ms with spinning, 23.8 ms without)
-        self.sess = open_session(folder / "model.onnx", n_threads, spin=False)
+        say = log or (lambda m: print(m, file=sys.stderr))
+        self.folder = built_folder(
+            "lowrank", f"{spec.name}-{key}",
+            lambda tmp: _build(tmp, spec, self.rows, basis, candidates),
+            need_bytes=basis.shape[1] * spec.n_vocab + basis.nbytes,
+            log=lambda m: say(f"low-rank LM head for {spec.name}: {m}"))
+        # takes turns with llama.cpp on the same cores: spinning onnxruntime threads slow
+        # llama.cpp's decodes down
+        self.sess = open_session(self.folder / "model.onnx", n_threads, spin=False)
         self.top = TopRows(self.rows, self.n_vocab, q8_x=True)  # llama.cpp's numerics
 
     def candidates(self, hidden: np.ndarray) -> np.ndarray:

@@ -23,10 +23,3 @@ def open_session(path: str | Path, threads: int, spin: bool = True):
         return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as e:
         raise EdgespecError(f"{path}: not a loadable ONNX model ({str(e).splitlines()[0]})") from None
-
-
-def cache_names(n_layer: int) -> tuple[list[str], list[str]]:
-    """(past_key_values.{i}.key/value inputs, present.{i}.key/value outputs), layer by layer."""
-    past = [f"past_key_values.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
-    present = [f"present.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
-    return past, present

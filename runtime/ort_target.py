@@ -3,51 +3,42 @@
 Same interface as LlamaTarget (prefill / decode / truncate / reset, tokenize ...), so the decode
 loop, the drafters and the bench run on either engine. The KV cache is kept as numpy arrays
 [1, kv_heads, n, head_dim] per layer between calls; rolling back is slicing them, which is exact.
-Sliding-window layers keep only the last window + 64 positions (the graph derives positions from
-the cache length, so trimming from the front is safe); a rollback deeper than that margin
+Sliding-window layers keep only `kept_positions(window)` positions (the graph derives positions
+from the cache length, so trimming from the front is safe); a rollback deeper than that margin
 re-decodes the kept tokens. Token embedding rows are read from the target's GGUF file (the
 tokenizer comes from there too), scaled as the target scales them.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.gguf_meta import TensorRows, read_header
+from edgespec.runtime.formats import cache_names, kept_positions, read_target_meta
 from edgespec.runtime.llama_target import LlamaVocab, default_threads, lc, load_vocab_only
-from edgespec.runtime.lowrank import TopRows
-from edgespec.runtime.onnx_session import cache_names, open_session
-from edgespec.targets import load_target_spec
-
-META_NAME = "edgespec-target.json"
-MARGIN = 64
+from edgespec.runtime.lowrank import LowRankInfo, TopRows
+from edgespec.runtime.onnx_session import open_session
+from edgespec.targets import embedding_rows, load_target_spec
 
 
 class OrtTarget(LlamaVocab):
+    engine = "onnxruntime"
     # Default for the most tokens drafted per step: checking more tokens costs little more here
-    # (Gemma 3 270M, low-rank LM head, 2 cores: c(2) = 1.3 c(1), c(7) = 2.6 c(1)); two bench runs
-    # back to back: the default drafter at k <= 6 ran 1.84x the shipped file's target-only rate,
-    # at k <= 3 1.71x.
+    # than on llama.cpp, with the full LM head too (onnxruntime's int8 graph batches better).
     draft_k = 6
+    draft_k_sampled = 6
 
     def __init__(self, folder: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, spec=None):
         folder = Path(folder)
-        meta_path = folder / META_NAME
-        if not meta_path.is_file() or not (folder / "model.onnx").is_file():
-            raise EdgespecError(f"{folder}: not an ONNX target folder (made by `edgespec export "
-                                "onnx-target`)")
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError) as e:
-            raise EdgespecError(f"{meta_path}: unreadable ({e})") from None
-        self.meta = meta
-        self.spec = spec or load_target_spec(meta["target"] if not Path(meta["target"]).suffix
-                                             else meta["target_path"])
+        self.meta = meta = read_target_meta(folder)
+        if spec is None:
+            name = meta["target"]
+            spec = load_target_spec(meta.get("target_path", name) if Path(name).suffix else name)
+        self.spec = spec
         if self.spec.tokenizer_fingerprint != meta["target_fingerprint"]:
             raise EdgespecError(f"{folder} was exported from another target than {self.spec.name}")
         self._model, self._vocab = load_vocab_only(self.spec)
@@ -57,14 +48,15 @@ class OrtTarget(LlamaVocab):
         self.sess = open_session(folder / "model.onnx", self.n_threads)
         self.model_file = folder / "model.onnx.data" if (folder / "model.onnx.data").exists() \
             else folder / "model.onnx"
-        self.embed = TensorRows(read_header(self.spec.path), "token_embd.weight")
+        self.embed = embedding_rows(self.spec)
         self.n_layer = meta["n_layer"]
         self.sliding = [t == "sliding" for t in meta["layer_types"]]
         self.window = meta.get("sliding_window") or 0
         self.past_names, present = cache_names(self.n_layer)
         self.out_names = ["logits", "hidden", *present]
         lm = meta.get("lm_head", {"kind": "full"})
-        self.lowrank = lm["kind"] == "lowrank"
+        self.lowrank = LowRankInfo(lm["rank"], lm["candidates"], lm["rescore"]) \
+            if lm.get("kind") == "lowrank" else None
         if self.lowrank:  # candidates from the low-rank scores, rescored exactly from the GGUF rows
             self.out_names.insert(2, "candidates")
             self.top = TopRows(TensorRows(read_header(self.spec.path), lm["rescore"]), self.n_vocab)
@@ -92,7 +84,7 @@ class OrtTarget(LlamaVocab):
         cand = res.pop(2) if self.lowrank else None
         kv = res[2:]
         if self.window:
-            keep = self.window + MARGIN
+            keep = kept_positions(self.window)
             kv = [a[:, :, -keep:] if self.sliding[i // 2] and a.shape[2] > keep else a
                   for i, a in enumerate(kv)]
         self.kv = kv
@@ -126,6 +118,13 @@ class OrtTarget(LlamaVocab):
         else:
             logits, hid = self._run(tokens, rows)
         return logits, (hid if hidden else None)
+
+    def describe_lm_head(self, greedy: bool = True) -> str:
+        """The LM head verification uses (greedy passes may use the low-rank one), for reports."""
+        quant = self.meta.get("quant", "?")
+        if greedy and self.lowrank:
+            return f"ONNX {quant}; {self.lowrank.describe('from ' + self.lowrank.rescore)}"
+        return f"ONNX {quant}"
 
     def truncate(self, n: int) -> None:
         if n >= len(self.tokens):

@@ -6,19 +6,17 @@ confidence  draft up to k, stop once the head's top probability falls below p_mi
 cost        draft up to k, then keep the prefix length that maximises expected tokens per second:
             (1 + sum_j prod_{i<=j} p_i) / (c(j + 1) + draft time), where p_i are the head's
             confidences and c(n) is the target's measured cost of verifying n tokens on this
-            machine (measured once at start, cached per target file and thread count).
+            machine (measured once, cached per target file content, thread count and LM head).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import EdgespecError
+from edgespec import cache
 
 POLICIES = ("fixed", "confidence", "cost")
 
@@ -53,9 +51,12 @@ class Confidence(FixedK):
         self.p_min = p_min
 
 
-def _cache_path() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "edgespec"
-    return base / "verify_cost.json"
+COST_FILE = "verify_cost.json"
+
+
+def verify_head(engine, top_only: bool) -> str:
+    """The LM head a verify pass uses: "full", or the low-rank head's key for greedy passes."""
+    return engine.lowrank.key if top_only and engine.lowrank else "full"
 
 
 def verify_cost_curve(engine, k_max: int = 8, repeats: int = 7, top_only: bool = True) -> list[float]:
@@ -79,33 +80,19 @@ def verify_cost_curve(engine, k_max: int = 8, repeats: int = 7, top_only: bool =
 
 
 def measure_verify_cost(engine, n_max: int, repeats: int = 5, top_only: bool = True) -> list[float]:
-    """Seconds per verify of n = 1..n_max tokens on this machine, cached per target file, thread
-    count and LM head in use (a low-rank head answers greedy verification only)."""
-    model = getattr(engine, "model_file", engine.spec.path)  # the ONNX file for onnxruntime
-    lowrank = getattr(engine, "lowrank", None)
-    head = "full"
-    if top_only and lowrank:
-        head = f"lowrank-r{lowrank.rank}-c{lowrank.n_candidates}" if hasattr(lowrank, "rank") else "top"
-    key = (f"{type(engine).__name__}|{Path(model).resolve()}|{os.path.getsize(model)}"
-           f"|t{engine.n_threads}|n{n_max}|{head}")
-    path = _cache_path()
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        cached = {}
-    if key in cached:
+    """Seconds per verify of n = 1..n_max tokens on this machine, cached per engine, target
+    file content, thread count and LM head in use (a low-rank head answers greedy passes only)."""
+    key = (f"{engine.engine}|{cache.file_identity(engine.model_file)}|t{engine.n_threads}"
+           f"|n{n_max}|{verify_head(engine, top_only)}")
+    cached = cache.read_json(COST_FILE)
+    if isinstance(cached.get(key), list) and len(cached[key]) == n_max:
         return cached[key]
     saved = list(engine.tokens)
     costs = [ms / 1000 for ms in verify_cost_curve(engine, n_max, repeats, top_only)]
     engine.prefill(saved)
+    cached.pop(key, None)
     cached[key] = costs
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cached))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only home only costs a re-measure next time
+    cache.write_json(COST_FILE, dict(list(cached.items())[-32:]))  # a read-only cache only costs a re-measure
     return costs
 
 
@@ -196,8 +183,8 @@ class CostAware(FixedK):
 
 def default_k(engine, greedy: bool = True) -> int:
     """The engine's default for the most tokens drafted per step: `draft_k`, or for sampling
-    `draft_k_sampled` where the engine has one (its greedy verification can be cheaper)."""
-    return engine.draft_k if greedy else getattr(engine, "draft_k_sampled", engine.draft_k)
+    `draft_k_sampled` (its greedy verification can be cheaper)."""
+    return engine.draft_k if greedy else engine.draft_k_sampled
 
 
 def make_policy(name: str, k: int | None, engine=None, greedy: bool = True):

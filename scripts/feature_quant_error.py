@@ -10,9 +10,10 @@ import sys
 
 import numpy as np
 
-from edgespec.features import Codec, Features, make_transform
+from edgespec.training.features import Codec, Features, make_transform
 from edgespec.io import atomic_write_text
-from edgespec.train import _embed_for, load_checkpoint
+from edgespec.targets import embedding_rows
+from edgespec.training.train import checkpoint_target, load_checkpoint
 
 
 def log_softmax(x):
@@ -25,7 +26,7 @@ def main(feats_dir: str, ckpt: str, n_samples: int = 10) -> None:
     if feats.dtype != "fp16":
         sys.exit("give an fp16 features folder")
     _, meta = load_checkpoint(ckpt)
-    rows = _embed_for(meta)[np.asarray(meta["draft_vocab"]["ids"])]
+    rows = embedding_rows(checkpoint_target(meta))[np.asarray(meta["draft_vocab"]["ids"])]
     # as `extract` does, the channel scales come from the first shard; the error is measured on
     # samples after it
     first = feats.manifest["shards"][0]["samples"]

@@ -1,6 +1,6 @@
 """Write edgespec/bench_prompts.jsonl: the default bench prompt set.
 
-Code and prose come from the held-out side of the stdlib split (`edgespec.data`), which the data
+Code and prose come from the held-out side of the stdlib split (`edgespec.training.data`), which the data
 stage never uses; chat prompts are plain user questions. Run: python scripts/make_bench_prompts.py
 """
 
@@ -8,7 +8,7 @@ import json
 import random
 from pathlib import Path
 
-from edgespec.data import held_out_passages
+from edgespec.training.data import held_out_passages
 
 CHAT = [
     "Explain in simple terms why the sky is blue.",

@@ -11,7 +11,7 @@ es=.venv/bin/edgespec
 [ -f "$out/feat-fp16/manifest.json" ] || $es extract --target gemma3-270m --data "$out/data" --out "$out/feat-fp16" --dtype fp16
 [ -f "$out/feat-int4-plain/manifest.json" ] || $es extract --target gemma3-270m --data "$out/data" --out "$out/feat-int4-plain" --dtype int4 --transform none
 for d in int8 int4; do
-  [ -f "$out/feat-$d-dct/manifest.json" ] || .venv/bin/python -c "from edgespec.features import requantize; requantize('$out/feat-fp16', '$out/feat-$d-dct', '$d', 32)"
+  [ -f "$out/feat-$d-dct/manifest.json" ] || .venv/bin/python -c "from edgespec.training.features import requantize; requantize('$out/feat-fp16', '$out/feat-$d-dct', '$d', 32)"
 done
 for d in fp16 int8-dct int4-dct int4-plain; do
   [ -f "$out/abl-$d/config.json" ] || $es train --target gemma3-270m --features "$out/feat-$d" --out "$out/abl-$d" --draft-vocab 4096 --steps "$steps"

@@ -12,7 +12,7 @@ mkdir -p "$out"
 [ -f "$out/prompts.jsonl" ] || .venv/bin/python - "$out/prompts.jsonl" <<'PY'
 import json, sys, sysconfig
 from pathlib import Path
-from edgespec.data import _split
+from edgespec.training.data import _split
 from edgespec.io import atomic_write_text
 root = Path(sysconfig.get_paths()["stdlib"])
 rows = []

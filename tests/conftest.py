@@ -1,3 +1,12 @@
 import os
+import tempfile
 
 os.environ.setdefault("EDGESPEC_NO_PROGRESS", "1")
+# Tests never write to the user's caches: every cache entry (the assembled Gemma file, low-rank
+# heads, verify-cost curves) goes to a folder of this test session.
+os.environ["EDGESPEC_CACHE"] = tempfile.mkdtemp(prefix="edgespec-test-cache-")
+
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+
+atexit.register(shutil.rmtree, os.environ["EDGESPEC_CACHE"], True)

@@ -6,12 +6,23 @@ logic (acceptance, rollback, stopping) can be checked exactly, without weights.
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import numpy as np
 
 
 class MockTarget:
+    engine = "mock"
+    n_threads = 1
+    draft_k = draft_k_sampled = 4
+    lowrank = None
+    model_file = Path(__file__)
+
     def __init__(self, vocab: int = 12, seed: int = 0, n_ctx: int = 512, eog: int | None = None,
                  sharp: float = 3.0, n_embd: int = 8):
+        self.spec = SimpleNamespace(name="mock", n_vocab=vocab, n_embd=n_embd, chat_template=None,
+                                    tokenizer_fingerprint="mock", lm_head_type="F32")
         rng = np.random.default_rng(seed)
         self.table = rng.normal(size=(vocab, vocab, vocab)) * sharp  # [prev2, prev1] -> logits
         self.proj = rng.normal(size=(vocab, vocab, n_embd))
@@ -52,6 +63,15 @@ class MockTarget:
 
     def token_bytes(self, token: int) -> bytes:
         return bytes([97 + token % 26])
+
+    def tokenize(self, text: str, add_bos=None, special=True) -> list[int]:
+        return [(ord(c) - 97) % self.vocab for c in text]
+
+    def describe_lm_head(self, greedy: bool = True) -> str:
+        return "F32"
+
+    def close(self) -> None:
+        pass
 
 
 class NoisyOracle:

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from edgespec.bench import parse_methods, read_prompts, summarize, MethodResult, Method
-from edgespec.devices import get_profile, load_profiles, plan
+from edgespec.measure.bench import Method, MethodResult, parse_methods, summarize
+from edgespec.prompts import read_prompts
+from edgespec.measure.devices import get_profile, load_profiles, plan
 from edgespec.errors import EdgespecError
 
 
@@ -46,7 +47,7 @@ def test_read_prompts_errors_name_the_line(tmp_path):
 
 
 def test_shipped_prompts_mixed_kinds():
-    from edgespec.bench import DEFAULT_PROMPTS
+    from edgespec.prompts import DEFAULT_PROMPTS
 
     kinds = {p["kind"] for p in read_prompts(DEFAULT_PROMPTS)}
     assert {"code", "prose", "chat"} <= kinds

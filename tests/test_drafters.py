@@ -50,7 +50,7 @@ def test_no_default_head_for_an_unknown_target():
     import pytest
 
     from edgespec.errors import EdgespecError
-    from edgespec.runtime.drafters import default_head
+    from edgespec.runtime.assets import default_head
 
     with pytest.raises(EdgespecError, match="no default head ships for target other"):
         default_head(SimpleNamespace(tokenizer_fingerprint="0000", name="other"))

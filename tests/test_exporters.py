@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 
 
 def make_ckpt(tmp_path):
-    from edgespec.train import save_checkpoint
-
-    from edgespec.head import HeadConfig, MTPHead
+    from edgespec.runtime.formats import HeadConfig
+    from edgespec.training.head import MTPHead
+    from edgespec.training.train import save_checkpoint
 
     # widths are multiples of 32 so that the 2-D weights get quantized
     torch.manual_seed(0)
@@ -34,16 +34,18 @@ def make_ckpt(tmp_path):
 # trained head's figures come from `edgespec export gguf --check`.
 @pytest.mark.parametrize("quant,min_agree", [("f16", 0.99), ("q8_0", 0.95), ("q4_0", 0.5)])
 def test_head_gguf_roundtrip(tmp_path, quant, min_agree):
-    from edgespec.exporters.gguf_head import read_head_gguf, write_head_gguf
-    from edgespec.runtime.drafters import NumpyHead
+    from edgespec.exporters.gguf_head import write_head_gguf
+    from edgespec.runtime.formats import read_head_gguf
+    from edgespec.runtime.heads import NumpyHead
 
     head, ckpt = make_ckpt(tmp_path)
     out = tmp_path / f"h-{quant}.gguf"
     r = write_head_gguf(ckpt, out, quant)
     assert out.exists() and r["bytes"] == out.stat().st_size
-    config, w, info = read_head_gguf(out)
-    assert info["target_fingerprint"] == "abc" and list(info["draft_ids"]) == list(np.arange(96) * 2)
-    assert config["layer_types"] == ["sliding", "global"] and config["sliding_window"] == 8
+    info = read_head_gguf(out)
+    config, w = info.config, info.weights
+    assert info.fingerprint == "abc" and list(info.draft_ids) == list(np.arange(96) * 2)
+    assert config.layer_types == ["sliding", "global"] and config.sliding_window == 8
     if quant == "q4_0":  # the input projection and the LM head stay at q8_0, the rest is q4_0
         import gguf
 
@@ -75,7 +77,8 @@ def assert_writer_refuses_bad_inputs(write, tmp_path, suffix: str, bad_quant: st
 
 
 def test_head_gguf_bad_inputs(tmp_path):
-    from edgespec.exporters.gguf_head import read_head_gguf, write_head_gguf
+    from edgespec.exporters.gguf_head import write_head_gguf
+    from edgespec.runtime.formats import read_head_gguf
 
     assert_writer_refuses_bad_inputs(write_head_gguf, tmp_path, ".gguf", "q3_zz", "q8_0")
     target = write_tiny_gguf(tmp_path / "t.gguf")
@@ -120,7 +123,7 @@ def test_head_onnx_step_graph_matches_torch(tmp_path, quant, min_agree):
     sliding window of 8), reproduces the torch head's training-time chain."""
     onnx = pytest.importorskip("onnx")
     from edgespec.exporters.onnx_head import write_head_onnx
-    from edgespec.runtime.drafters import OnnxHead
+    from edgespec.runtime.heads import OnnxHead
 
     head, ckpt = make_ckpt(tmp_path)
     out = tmp_path / f"h-{quant}.onnx"
@@ -140,7 +143,7 @@ def test_head_onnx_step_graph_matches_torch(tmp_path, quant, min_agree):
     if quant == "int8":
         assert len(bits) == 2 and any(n.op_type == "MatMulInteger" for n in m.graph.node)
     h = OnnxHead(out)
-    assert h.info["target_fingerprint"] == "abc" and list(h.info["draft_ids"]) == list(np.arange(96) * 2)
+    assert h.file.fingerprint == "abc" and list(h.file.draft_ids) == list(np.arange(96) * 2)
     rng = np.random.default_rng(1)
     T, n = 30, 3
     emb = rng.normal(size=(T + n, 64)).astype(np.float32)
@@ -174,7 +177,8 @@ def test_head_onnx_bad_inputs(tmp_path):
     from types import SimpleNamespace
 
     from edgespec.exporters.onnx_head import write_head_onnx
-    from edgespec.runtime.drafters import HeadDrafter, OnnxHead
+    from edgespec.runtime.drafters import HeadDrafter
+    from edgespec.runtime.heads import OnnxHead
 
     ckpt = assert_writer_refuses_bad_inputs(write_head_onnx, tmp_path, ".onnx", "int3", "int8")
     (tmp_path / "junk.onnx").write_bytes(b"not a model")

@@ -40,7 +40,7 @@ def test_spec_and_tokens(llama):
 def test_llama_and_torch_agree(llama):
     """Same greedy continuation for 16 tokens, final hidden states with cosine >= 0.99."""
     torch = pytest.importorskip("torch")
-    from edgespec.torch_target import forward_hidden, load_torch_target
+    from edgespec.training.torch_target import forward_hidden, load_torch_target
 
     ids = llama.tokenize(PROMPT)
     toks, hid, _ = greedy_steps(llama, ids, 16)

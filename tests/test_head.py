@@ -5,8 +5,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from edgespec.head import HeadConfig, MTPHead  # noqa: E402
-from edgespec.train import build_draft_vocab  # noqa: E402
+from edgespec.runtime.formats import HeadConfig  # noqa: E402
+from edgespec.training.head import MTPHead  # noqa: E402
+from edgespec.training.train import build_draft_vocab  # noqa: E402
 
 
 def tiny_head(layer_types=("sliding", "global"), window=4, seed=0):
@@ -73,11 +74,11 @@ def test_draft_vocab_most_frequent_and_forced():
 @pytest.mark.parametrize("layer_types,window", [(("sliding", "global"), 4), (("global",), 64)])
 def test_numpy_runtime_head_matches_torch(layer_types, window):
     """The runtime's numpy head (no torch) reproduces the torch head's chain outputs."""
-    from edgespec.runtime.drafters import NumpyHead
+    from edgespec.runtime.heads import NumpyHead
 
     head = tiny_head(layer_types, window)
     weights = {k: v.detach().numpy() for k, v in head.state_dict().items()}
-    nh = NumpyHead(head.c.to_dict(), weights)
+    nh = NumpyHead(head.c, weights)
     T, n = 9, 3
     emb, hid = torch.randn(T + n, 16), torch.randn(T, 16)
     with torch.no_grad():

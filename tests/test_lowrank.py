@@ -75,7 +75,8 @@ def test_lowrank_rows_hold_llama_cpp_logits_at_the_candidates(engines):
 
 def test_basis_file_checks(engines, tmp_path):
     from edgespec.runtime.llama_target import LlamaTarget
-    from edgespec.runtime.lowrank import read_basis, shipped_basis
+    from edgespec.runtime.assets import shipped_basis
+    from edgespec.runtime.lowrank import read_basis
 
     full, _ = engines
     shipped = shipped_basis(full.spec)
@@ -135,13 +136,16 @@ def test_cli_refuses_bad_lowrank_input(argv, msg, tmp_path):
     assert msg in p.stderr and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
-def test_scores_build_into_place_once_and_rank_like_float_scores(tmp_path):
-    """The cache folder appears whole (built in a temp folder, renamed); a second builder that
-    finds it finished leaves it alone; the int8 graph's candidates hold the float scores' best."""
+def test_scores_build_into_place_once_and_rank_like_float_scores(tmp_path, monkeypatch):
+    """The cache entry appears whole (built in a temp folder, renamed); a second build finds it
+    and leaves it alone; the int8 graph's candidates hold the float scores' best; old entries
+    are evicted beyond the kept count."""
     import onnxruntime as ort
 
+    from edgespec.cache import built_folder, cache_root
     from edgespec.runtime.lowrank import _build
 
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "c"))
     rng = np.random.default_rng(0)
     w = rng.normal(size=(300, 16)).astype(np.float32)  # a [V, E] LM head
 
@@ -152,14 +156,28 @@ def test_scores_build_into_place_once_and_rank_like_float_scores(tmp_path):
             return w[sl]
 
     basis = np.linalg.qr(rng.normal(size=(16, 8)))[0].astype(np.float32)
-    folder = tmp_path / "head"
-    _build(folder, type("Spec", (), {"n_embd": 16}), Rows(), basis, 4)
+    spec = type("Spec", (), {"n_embd": 16})
+    calls = []
+
+    def build(tmp):
+        calls.append(tmp)
+        _build(tmp, spec, Rows(), basis, 4)
+
+    folder = built_folder("lowrank", "k1", build)
     first = (folder / "scores.bin").read_bytes()
-    assert len(first) == 8 * 300
-    _build(folder, type("Spec", (), {"n_embd": 16}), Rows(), basis, 4)
-    assert (folder / "scores.bin").read_bytes() == first and list(tmp_path.iterdir()) == [folder]
+    assert len(first) == 8 * 300 and folder == cache_root() / "lowrank" / "k1"
+    assert built_folder("lowrank", "k1", build) == folder and len(calls) == 1
+    assert (folder / "scores.bin").read_bytes() == first
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["k1"]  # no temp folder left
     sess = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
     h = rng.normal(size=(5, 16)).astype(np.float32)
     cand = sess.run(["candidates"], {"h": h})[0]
     best = ((h @ basis) @ (w @ basis).T).argmax(1)
     assert cand.shape == (5, 4) and all(b in c for b, c in zip(best, cand))
+    import os
+    import time
+
+    old = time.time() - 1000
+    os.utime(folder, (old, old))  # k1 is now the least recently used
+    built_folder("lowrank", "k2", build, keep=1)
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["k2"]

@@ -2,6 +2,7 @@
 onnxruntime in chunks past its sliding window and rolled back by slicing the cache, gives the
 logits and hidden states of one full forward pass of the torch model."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -95,25 +96,44 @@ def test_onnx_target_bad_inputs(tmp_path):
         open_target(tmp_path / "junk")  # a folder is taken for an ONNX target
 
 
-def test_ort_engine_trims_sliding_caches_and_rolls_back_exactly(tiny_onnx, monkeypatch):
-    """OrtTarget's own logic (embedding rows, cache trimming on sliding layers, slicing rollback
-    and the re-decode when a rollback goes deeper than the kept margin) on the tiny graph."""
-    import onnxruntime as ort
+def target_folder(tmp, model, graph: Path, lowrank: dict | None = None):
+    """A real ONNX target folder around a graph of the tiny model, and the GGUF file it
+    tokenizes with (the model's own embedding rows): what `export onnx-target` writes."""
+    import json
+    import shutil
 
+    from edgespec.runtime.formats import TARGET_META
+    from edgespec.targets import load_target_spec
+    from test_targets import write_tiny_gguf
+
+    folder = tmp / "target"
+    folder.mkdir()
+    shutil.copy(graph, folder / "model.onnx")
+    vocab = ("<pad>", "<eos>", "<bos>", *(f"t{i}" for i in range(61)))
+    gguf = write_tiny_gguf(tmp / "tiny.gguf", n_layer=3, vocab=vocab, n_embd=32, window=6, pattern=3,
+                           token_embd=model.model.embed_tokens.weight.detach().numpy())
+    spec = load_target_spec(gguf)
+    meta = {"target": str(gguf), "target_path": str(gguf), "target_fingerprint": spec.tokenizer_fingerprint,
+            "quant": "fp32", "n_layer": 3, "n_embd": 32, "n_head_kv": 1, "head_dim": 16, "n_vocab": 64,
+            "embed_scale": float(32 ** 0.5), "sliding_window": 6,
+            "layer_types": ["sliding", "sliding", "global"],
+            "lm_head": lowrank or {"kind": "full"}}
+    (folder / TARGET_META).write_text(json.dumps(meta))
+    return folder, spec
+
+
+def test_ort_engine_trims_sliding_caches_and_rolls_back_exactly(tiny_onnx, tmp_path, monkeypatch):
+    """OrtTarget on a real target folder: embedding rows from the GGUF, cache trimming on
+    sliding layers, slicing rollback and the re-decode when a rollback goes deeper than the kept
+    margin (the margin is shrunk so that 24 tokens reach it)."""
     from edgespec.runtime import ort_target
 
     model, path = tiny_onnx
-    monkeypatch.setattr(ort_target, "MARGIN", 2)  # window 6 + 2 kept: trimming happens here
-    eng = ort_target.OrtTarget.__new__(ort_target.OrtTarget)
-    eng.sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    eng.meta = {"n_head_kv": 1, "head_dim": 16, "embed_scale": float(32 ** 0.5)}
-    eng.embed = model.model.embed_tokens.weight.detach().numpy()
-    eng.n_layer, eng.sliding, eng.window = 3, [True, True, False], 6
-    eng.n_ctx, eng.n_batch, eng.n_redecodes, eng.lowrank = 128, 512, 0, False
-    eng.past_names = [f"past_key_values.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
-    eng.out_names = ["logits", "hidden"] + [f"present.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
-    eng.reset()
-    ids = [int(x) for x in torch.randint(0, 64, (24,), generator=torch.Generator().manual_seed(2))]
+    monkeypatch.setattr(ort_target, "kept_positions", lambda window: window + 2)
+    folder, spec = target_folder(tmp_path, model, path)
+    eng = ort_target.OrtTarget(folder, n_ctx=128, spec=spec)
+    assert eng.engine == "onnxruntime" and eng.lowrank is None and eng.describe_lm_head() == "ONNX fp32"
+    ids = [int(x) for x in torch.randint(3, 64, (24,), generator=torch.Generator().manual_seed(2))]
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].numpy()
     eng.prefill(ids[:10])
@@ -121,7 +141,7 @@ def test_ort_engine_trims_sliding_caches_and_rolls_back_exactly(tiny_onnx, monke
     lg, hid = eng.decode(ids[10:14], hidden=True)
     np.testing.assert_allclose(lg, ref[10:14], atol=2e-4, rtol=1e-3)
     assert hid.shape == (4, 32)
-    eng.decode([1, 2], all_logits=False)
+    eng.decode([5, 6], all_logits=False)
     eng.truncate(14)  # shallow: slicing
     assert eng.n_redecodes == 0 and eng.tokens == ids[:14]
     lg, _ = eng.decode(ids[14:18])
@@ -131,27 +151,16 @@ def test_ort_engine_trims_sliding_caches_and_rolls_back_exactly(tiny_onnx, monke
     assert eng.n_redecodes == 1 and eng.tokens == ids[:18]
     lg, _ = eng.decode(ids[18:24])
     np.testing.assert_allclose(lg, ref[18:24], atol=2e-4, rtol=1e-3)
-
-
-class _Rows:
-    """TensorRows' dot_rows on an in-memory [V, E] matrix."""
-
-    def __init__(self, w):
-        self.w = w
-
-    def dot_rows(self, rows, x, q8_x=False):
-        return np.einsum("tmk,tk->tm", self.w[rows], x)
+    eng.close()
 
 
 @pytest.mark.parametrize("rank", [32, 8])
 def test_lowrank_lm_head_candidates_and_exact_rescoring(tiny_onnx, tmp_path, rank):
     """The low-rank export: with a full-rank basis the candidates hold every row's argmax; with
     a low rank the engine's top-only rows are -inf except at the candidates, which carry the exact
-    logits, and the buffer is cleared between calls."""
-    import onnxruntime as ort
-
+    logits (rescored from the GGUF's rows), and the buffer is cleared between calls."""
     from edgespec.exporters.onnx_target import export_graph
-    from edgespec.runtime import ort_target
+    from edgespec.runtime.ort_target import OrtTarget
 
     model, _ = tiny_onnx
     spec = SimpleNamespace(arch="gemma3", n_layer=3, n_embd=32, n_head=2, n_head_kv=1,
@@ -160,23 +169,15 @@ def test_lowrank_lm_head_candidates_and_exact_rescoring(tiny_onnx, tmp_path, ran
     q, _ = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(3)))
     basis = q[:, :rank].contiguous()
     w = model.lm_head.weight.detach()
+    assert torch.equal(w, model.model.embed_tokens.weight)  # tied: the GGUF's rows rescore
     lowrank = {"basis": basis, "scores": (w @ basis).T.contiguous(), "candidates": 8}
     path = tmp_path / "lr.onnx"
     export_graph(model, spec, path, lowrank)
-    eng = ort_target.OrtTarget.__new__(ort_target.OrtTarget)
-    eng.sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    eng.meta = {"n_head_kv": 1, "head_dim": 16, "embed_scale": float(32 ** 0.5)}
-    eng.embed = model.model.embed_tokens.weight.detach().numpy()
-    eng.n_layer, eng.sliding, eng.window, eng.n_vocab = 3, [True, True, False], 6, 64
-    eng.n_ctx, eng.n_batch, eng.n_redecodes, eng.lowrank = 128, 512, 0, True
-    eng.past_names = [f"past_key_values.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
-    eng.out_names = ["logits", "hidden", "candidates"] + [
-        f"present.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
-    from edgespec.runtime.lowrank import TopRows
-
-    eng.top = TopRows(_Rows(w.numpy()), 64)
-    eng.reset()
-    ids = [int(x) for x in torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(4))]
+    folder, tspec = target_folder(tmp_path, model, path, {"kind": "lowrank", "rank": rank, "candidates": 8,
+                                                         "rescore": "token_embd.weight"})
+    eng = OrtTarget(folder, n_ctx=128, spec=tspec)
+    assert eng.lowrank.key == f"lowrank-r{rank}-c8" and "rank-" in eng.describe_lm_head()
+    ids = [int(x) for x in torch.randint(3, 64, (16,), generator=torch.Generator().manual_seed(4))]
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].numpy()
     eng.prefill(ids[:6])
@@ -191,6 +192,23 @@ def test_lowrank_lm_head_candidates_and_exact_rescoring(tiny_onnx, tmp_path, ran
         full, _ = eng.decode([ids[e - 1]], all_logits=True)  # without top_only: every logit
         assert np.isfinite(full).all() and full.shape == (1, 64)
         eng.truncate(e)
+    eng.close()
+
+
+def test_ort_target_folder_with_incomplete_metadata(tiny_onnx, tmp_path):
+    import json
+
+    from edgespec.errors import EdgespecError
+    from edgespec.runtime.formats import TARGET_META
+    from edgespec.runtime.ort_target import OrtTarget
+
+    model, path = tiny_onnx
+    folder, spec = target_folder(tmp_path, model, path)
+    meta = json.loads((folder / TARGET_META).read_text())
+    del meta["n_layer"]
+    (folder / TARGET_META).write_text(json.dumps(meta))
+    with pytest.raises(EdgespecError, match="incomplete metadata .missing n_layer"):
+        OrtTarget(folder, spec=spec)
 
 
 def test_lowrank_quantization_keeps_basis_fp32_and_scores_dynamic(tiny_onnx, tmp_path):

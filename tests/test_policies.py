@@ -42,30 +42,32 @@ def test_make_policy_takes_the_engines_draft_length_when_none_is_given():
 
     from edgespec.runtime.policies import make_policy
 
-    assert make_policy("fixed", None, SimpleNamespace(draft_k=6)).next_k() == 6
-    assert make_policy("confidence", 2, SimpleNamespace(draft_k=6)).next_k() == 2
     # sampling verifies with the full LM head: an engine may default to fewer drafts there
     lowrank = SimpleNamespace(draft_k=6, draft_k_sampled=3)
+    assert make_policy("fixed", None, lowrank).next_k() == 6
+    assert make_policy("confidence", 2, lowrank).next_k() == 2
     assert make_policy("fixed", None, lowrank, greedy=False).next_k() == 3
     assert make_policy("fixed", None, lowrank, greedy=True).next_k() == 6
-    assert make_policy("fixed", None, SimpleNamespace(draft_k=6), greedy=False).next_k() == 6
 
 
 def test_verify_cost_is_measured_and_cached_per_lm_head(tmp_path, monkeypatch):
     """Greedy verification with a low-rank LM head costs less than sampling's full head: the
-    cost policy measures each with the decode it will get, cached under separate keys."""
-    import json
+    cost policy measures each with the decode it will get, cached under separate keys in
+    edgespec's cache (never the user's), keyed by the model file's content."""
     from types import SimpleNamespace
 
+    from edgespec import cache
     from edgespec.runtime import policies
+    from edgespec.runtime.lowrank import LowRankInfo
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
     seen = []
 
     class Engine:
-        n_threads, tokens = 2, []
+        engine, n_threads, tokens = "fake", 2, []
+        model_file = tmp_path / "t.gguf"
+        lowrank = LowRankInfo(256, 128, "token_embd.weight")
         spec = SimpleNamespace(path=str(tmp_path / "t.gguf"))
-        lowrank = SimpleNamespace(rank=256, n_candidates=128)
 
         def reset(self):
             self.tokens = []
@@ -90,5 +92,12 @@ def test_verify_cost_is_measured_and_cached_per_lm_head(tmp_path, monkeypatch):
     assert set(seen[: n // 2]) == {True} and set(seen[n // 2:]) == {False}
     policies.measure_verify_cost(eng, 2, repeats=1, top_only=False)  # cached: no decode
     assert len(seen) == n
-    keys = list(json.loads((tmp_path / "edgespec" / "verify_cost.json").read_text()))
+    keys = list(cache.read_json(policies.COST_FILE))
     assert [k.rsplit("|", 1)[1] for k in keys] == ["lowrank-r256-c128", "full"]
+    assert all(cache.file_identity(eng.model_file) in k for k in keys)
+    # a copy of the same file (another path, same content) finds the same curves
+    (tmp_path / "copy.gguf").write_bytes(b"x")
+    eng.model_file = tmp_path / "copy.gguf"
+    policies.measure_verify_cost(eng, 2, repeats=1, top_only=True)
+    assert len(seen) == n
+    assert (tmp_path / "cache" / policies.COST_FILE).is_file()

@@ -6,7 +6,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_smollm2_spec_chat_and_generation():
-    from edgespec.chat import render_chat
+    from edgespec.runtime.chat import render_chat
     from edgespec.runtime.generate import generate
     from edgespec.runtime.llama_target import LlamaTarget
     from edgespec.targets import load_target_spec
@@ -42,7 +42,7 @@ def test_chat_data_cuts_long_prompts_to_fit_the_context(tmp_path):
     the new tokens still fit (it used to stop the whole run)."""
     import json
 
-    from edgespec.data import DataConfig, make_data, read_data
+    from edgespec.training.data import DataConfig, make_data, read_data
 
     src = tmp_path / "p.jsonl"
     long = "The quick brown fox jumps over the lazy dog near the river bank. " * 12
@@ -60,7 +60,7 @@ def smol_data(tmp_path_factory):
     """A small data folder written by the real SmolLM2 target."""
     import json
 
-    from edgespec.data import DataConfig, make_data
+    from edgespec.training.data import DataConfig, make_data
 
     tmp = tmp_path_factory.mktemp("smol")
     src = tmp / "p.jsonl"
@@ -81,7 +81,7 @@ def test_extract_int4_transform_resume_and_settings(tmp_path, smol_data):
     import numpy as np
 
     from edgespec.errors import EdgespecError
-    from edgespec.features import ExtractConfig, Features, extract
+    from edgespec.training.features import ExtractConfig, Features, extract
 
     d = smol_data
     extract("smollm2-135m", d, tmp_path / "f16", ExtractConfig(dtype="fp16", shard_samples=4))
@@ -120,8 +120,8 @@ def test_online_training_matches_stored_features(tmp_path, smol_data):
     import numpy as np
 
     from edgespec.cli import main
-    from edgespec.features import ExtractConfig, Features, OnlineFeatures, extract
-    from edgespec.train import TrainConfig, train
+    from edgespec.training.features import ExtractConfig, Features, OnlineFeatures, extract
+    from edgespec.training.train import TrainConfig, train
 
     extract("smollm2-135m", smol_data, tmp_path / "f16", ExtractConfig(dtype="fp16"))
     ref = Features(tmp_path / "f16")

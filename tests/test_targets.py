@@ -10,7 +10,7 @@ from edgespec.targets import load_target_spec, resolve_target, spec_from_header
 
 
 def write_tiny_gguf(path, arch="gemma3", n_layer=6, vocab=("<pad>", "<eos>", "<bos>", "a", "b"),
-                    window=8, pattern=None, n_embd=16):
+                    window=8, pattern=None, n_embd=16, token_embd=None):
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_embedding_length(n_embd)
@@ -29,7 +29,9 @@ def write_tiny_gguf(path, arch="gemma3", n_layer=6, vocab=("<pad>", "<eos>", "<b
     w.add_token_list(list(vocab))
     w.add_bos_token_id(2)
     w.add_eos_token_id(1)
-    w.add_tensor("token_embd.weight", np.random.default_rng(0).normal(size=(len(vocab), n_embd)).astype(np.float32))
+    if token_embd is None:
+        token_embd = np.random.default_rng(0).normal(size=(len(vocab), n_embd))
+    w.add_tensor("token_embd.weight", np.asarray(token_embd, dtype=np.float32))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

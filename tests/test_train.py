@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from edgespec.errors import EdgespecError  # noqa: E402
-from edgespec.features import Features, bytes_per_token, dequantize, quantize  # noqa: E402
+from edgespec.training.features import Features, bytes_per_token, dequantize, quantize  # noqa: E402
 from edgespec.targets import load_target_spec  # noqa: E402
 from test_targets import write_tiny_gguf  # noqa: E402
 
@@ -32,7 +32,7 @@ def write_features(folder, spec, n_samples=24, length=30, dtype="int4", seed=0):
     head can learn to predict; written in the same layout `extract` writes."""
     from safetensors.numpy import save_file
 
-    from edgespec.features import _sha256
+    from edgespec.training.features import _sha256
 
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
@@ -67,7 +67,7 @@ def tiny(tmp_path):
 
 
 def small_cfg(**kw):
-    from edgespec.train import TrainConfig
+    from edgespec.training.train import TrainConfig
 
     base = dict(steps=60, batch=4, seq_len=16, n_steps=3, draft_vocab=32, lr=3e-3, warmup=5,
                 save_every=30)
@@ -79,7 +79,7 @@ HEAD = {"n_head": 2, "n_head_kv": 1, "head_dim": 8, "n_ff": 32}
 
 
 def test_train_learns_resumes_and_evaluates(tiny):
-    from edgespec.train import eval_head, load_checkpoint, train
+    from edgespec.training.train import eval_head, load_checkpoint, train
 
     path, spec, feats, tmp = tiny
     meta = train(str(path), feats, tmp / "head", small_cfg(), head_overrides=HEAD, log=lambda m: None)
@@ -104,7 +104,7 @@ def test_train_learns_resumes_and_evaluates(tiny):
 
 
 def test_muon_optimizer_runs(tiny):
-    from edgespec.train import train
+    from edgespec.training.train import train
 
     path, _, feats, tmp = tiny
     meta = train(str(path), feats, tmp / "muon", small_cfg(optimizer="muon", steps=30),
@@ -113,7 +113,7 @@ def test_muon_optimizer_runs(tiny):
 
 
 def test_bad_features_are_refused(tiny):
-    from edgespec.train import train
+    from edgespec.training.train import train
 
     path, spec, feats, tmp = tiny
     other = write_tiny_gguf(tmp / "other.gguf", vocab=("x", "y", "z"))
@@ -131,7 +131,7 @@ def test_bad_features_are_refused(tiny):
 
 
 def test_requantize_fp16_to_int8_and_int4(tiny):
-    from edgespec.features import requantize
+    from edgespec.training.features import requantize
 
     _, spec, _, tmp = tiny
     src = write_features(tmp / "f16", spec, dtype="fp16")
@@ -151,7 +151,7 @@ def test_muon_orthogonalization_matches_torch():
     and leaves singular values near 1."""
     from torch.optim._muon import _zeropower_via_newtonschulz
 
-    from edgespec.train import Muon
+    from edgespec.training.train import Muon
 
     g = torch.randn(48, 160, generator=torch.Generator().manual_seed(0))
     ours = Muon.orthogonalize(g, 5, 1e-7)

@@ -1,9 +1,11 @@
 """`edgespec bench`: target-only, prompt lookup and edgespec heads side by side, in one run.
 
 Methods run interleaved per prompt (A B C, A B C, ...) after a warm-up, so machine drift hits all
-alike. Reports tokens/s (decode only; prefill separately), speedup vs target-only (median of
-per-prompt ratios), tokens per verify pass, acceptance per draft position, ms per draft step and
-per verify pass, peak RSS, and for greedy runs how often the output equals target-only output.
+alike. Reports tokens/s (decode only; prefill separately), speedup vs target-only as both the
+median of per-prompt ratios and the total-tokens ratio, tokens per verify pass, acceptance per
+draft position, ms per draft step and per verify pass, peak memory of each configuration in a
+fresh process next to plain llama.cpp's, and for greedy runs how often the output equals
+target-only output. Reports are append-only: `write_report` never overwrites a file.
 """
 
 from __future__ import annotations
@@ -11,16 +13,15 @@ from __future__ import annotations
 import json
 import os
 import platform
-import resource
 import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
-from edgespec.io import atomic_write_text, progress, read_prompt_lines
-
-DEFAULT_PROMPTS = Path(__file__).resolve().parent / "bench_prompts.jsonl"
+from edgespec.io import atomic_write_text, progress
+from edgespec.prompts import DEFAULT_PROMPTS, read_prompts  # noqa: F401 (the CLI reads them here)
+from edgespec.runtime.policies import POLICIES
 
 
 @dataclass
@@ -33,6 +34,11 @@ class Method:
     engine: str = "main"  # "plain": the target file with llama.cpp's full LM head;
     # "baseline": target-only on the --baseline target file
 
+    @property
+    def draft_name(self) -> str:
+        """The drafter's command-line name (see make_drafter)."""
+        return {"target": "none", "lookup": "lookup"}.get(self.kind, self.draft or "default")
+
 
 @dataclass
 class MethodResult:
@@ -40,57 +46,38 @@ class MethodResult:
     per_prompt: list[dict] = field(default_factory=list)
 
 
-def read_prompts(path: str | Path) -> list[dict]:
-    out = [obj for _, obj in read_prompt_lines(path, nonempty=True)]
-    if not out:
-        raise EdgespecError(f"{path}: no prompts")
-    return out
-
-
-def parse_methods(spec: str, drafts: list[str], k: int, policy: str = "cost") -> list[Method]:
-    """'target,lookup,edgespec' -> Methods; each edgespec entry takes the next --draft.
-    `edgespec:cost` (or :fixed, :confidence) sets that entry's draft-length policy."""
+def parse_methods(spec: str, drafts: list[str], k: int | None, policy: str = "cost") -> list[Method]:
+    """'target,lookup,lookup:fixed,edgespec' -> Methods; each edgespec entry takes the next
+    --draft. A `:POLICY` suffix sets that entry's draft-length policy, otherwise `policy` applies
+    (to lookup as well, so lookup and the head are compared under the same policy)."""
     methods, di = [], 0
     for item in [m.strip() for m in spec.split(",") if m.strip()]:
         name, _, pol = item.partition(":")
+        if pol and pol not in POLICIES:
+            raise EdgespecError(f"unknown draft policy '{pol}'; choose from {', '.join(POLICIES)}")
         if name == "target":
+            if pol:
+                raise EdgespecError(f"method '{item}': target-only decoding takes no policy")
             methods.append(Method("target", "target", k=0))
         elif name == "lookup":
-            methods.append(Method("lookup", "lookup", k=k))
+            methods.append(Method(item, "lookup", k=k, policy=pol or policy))
         elif name == "edgespec":
             draft = drafts[min(di, len(drafts) - 1)] if drafts else "default"
             di += 1
-            if pol and pol not in ("fixed", "confidence", "cost"):
-                raise EdgespecError(f"unknown draft policy '{pol}'; choose fixed, confidence, cost")
             label = "edgespec" if len(drafts) <= 1 else f"edgespec[{Path(draft).name}]"
             if pol:
                 label += f":{pol}"
             methods.append(Method(label, "edgespec", draft=draft, k=k, policy=pol or policy))
         else:
             raise EdgespecError(f"unknown method '{item}'; choose from target, lookup, edgespec")
-        if pol and name != "edgespec":
-            raise EdgespecError(f"method '{item}': only edgespec takes a policy")
     seen: dict[str, int] = {}
     for m in methods:  # labels key the report: make repeats unique
         seen[m.name] = seen.get(m.name, 0) + 1
         if seen[m.name] > 1:
             m.name = f"{m.name}#{seen[m.name]}"
-    if not methods or methods[0].kind != "target":
-        if not any(m.kind == "target" for m in methods):
-            methods.insert(0, Method("target", "target", k=0))
+    if not any(m.kind == "target" for m in methods):
+        methods.insert(0, Method("target", "target", k=0))
     return methods
-
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _current_rss_mb() -> float:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        return _rss_mb()
 
 
 def machine_info(threads: int) -> dict:
@@ -114,32 +101,31 @@ def machine_info(threads: int) -> dict:
 
 def bench(target: str, prompts: list[dict], methods: list[Method], max_new_tokens: int = 128,
           threads: int | None = None, temperature: float = 0.0, seed: int = 0, n_ctx: int = 4096,
-          device: dict | None = None, baseline: str | None = None, lm_head: str = "auto") -> dict:
+          device: dict | None = None, baseline: str | None = None, lm_head: str = "auto",
+          memory: bool = True) -> dict:
     """`lm_head`: the target engine's (see LlamaTarget). Where it is the low-rank head and the
-    run is greedy, the method "target" (the reference for every speedup and for "same output as target") decodes
-    the same file with llama.cpp's own full LM head, as plain llama.cpp would, and
-    "target:lowrank" is target-only decoding with the low-rank head. `baseline`: a file of the
-    same target (e.g. the shipped GGUF next to an export) decoded target-only with llama.cpp's
-    full LM head in the same interleaved run; every method then also gets its speedup against it."""
+    run is greedy, the method "target" (the reference for every speedup and for "same output as
+    target") decodes the same file with llama.cpp's own full LM head, as plain llama.cpp would,
+    and "target:lowrank" is target-only decoding with the low-rank head. `baseline`: a file of
+    the same target (e.g. the shipped GGUF next to an export) decoded target-only with
+    llama.cpp's full LM head in the same interleaved run; every method then also gets its
+    speedup against it. `memory`: measure each configuration's peak RSS in a fresh process."""
+    from edgespec.runtime.chat import render_chat
     from edgespec.runtime.decoding import FixedK, Generation
-    from edgespec.runtime.generate import make_drafter, open_target
+    from edgespec.runtime.drafters import make_drafter
+    from edgespec.runtime.generate import lm_head_for, open_target
     from edgespec.runtime.policies import default_k, make_policy
     from edgespec.runtime.sampling import SamplingParams
 
+    sp = SamplingParams(temperature=temperature, seed=seed)
+    lm_head = lm_head_for(lm_head, sp.greedy)
     engine = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head=lm_head)
-    rss_target = _current_rss_mb()
     for m in methods:
         if m.k is None:
-            m.k = default_k(engine, temperature == 0.0)
-    drafters = {}
-    for m in methods:
-        if m.kind == "lookup":
-            drafters[m.name] = make_drafter("lookup", engine.spec)
-        elif m.kind == "edgespec":
-            drafters[m.name] = make_drafter(m.draft, engine.spec)
-    rss_all = _current_rss_mb()
+            m.k = default_k(engine, sp.greedy)
+    drafters = {m.name: make_drafter(m.draft_name, engine.spec) for m in methods if m.kind != "target"}
     engines = {"main": engine}
-    if _llama_lowrank(engine) and temperature == 0.0:  # sampling uses the full head anyway
+    if engine.engine == "llama.cpp" and engine.lowrank and sp.greedy:
         engines["plain"] = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head="full")
         i = next(i for i, m in enumerate(methods) if m.kind == "target")
         methods = [*methods[:i], Method("target", "target", k=0, engine="plain"),
@@ -149,7 +135,6 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         if engines["baseline"].spec.tokenizer_fingerprint != engine.spec.tokenizer_fingerprint:
             raise EdgespecError(f"--baseline {baseline} is not a file of target {engine.spec.name}")
         methods = [*methods, Method("baseline", "target", k=0, engine="baseline")]
-    sp = SamplingParams(temperature=temperature, seed=seed)
 
     def run(m: Method, ids: list[int]):
         d = drafters.get(m.name)
@@ -169,8 +154,6 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     for p in prompts:
         text = p["prompt"]
         if engine.spec.chat_template and isinstance(p.get("messages"), list):
-            from edgespec.chat import render_chat
-
             text = render_chat(engine.spec, p["messages"])
         ids = engine.tokenize(text)
         if len(ids) + max_new_tokens + 16 > n_ctx:
@@ -188,56 +171,51 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
             })
             bar.update(1)
     bar.close()
-    report = summarize(results, temperature == 0.0)
+    report = summarize(results, sp.greedy)
     report["target"] = {"name": engine.spec.name, **_engine_file(engine, target),
-                        "lm_head_type": _lm_head_label(engine),
+                        "lm_head_type": engine.describe_lm_head(sp.greedy),
                         "fingerprint": engine.spec.tokenizer_fingerprint}
     report["settings"] = {"max_new_tokens": max_new_tokens, "temperature": temperature,
                           "prompts": len(prompts), "n_ctx": n_ctx,
                           "methods": [m.__dict__ for m in methods]}
     if baseline:
         report["baseline"] = _engine_file(engines["baseline"], baseline)
-    for name, eng in engines.items():
-        if name != "main":
-            eng.close()
-    report["memory"] = {"rss_after_target_mb": round(rss_target, 1),
-                        "rss_after_drafters_mb": round(rss_all, 1),
-                        "peak_rss_mb": round(_rss_mb(), 1),
-                        "drafters_share_of_target": round((rss_all - rss_target) / rss_target, 4),
-                        "peak_includes_baseline": bool(baseline),
-                        "peak_includes_plain_target": "plain" in engines}
     report["machine"] = machine_info(engine.n_threads)
+    for eng in engines.values():
+        eng.close()
+    if memory:
+        report["memory"] = memory_report(target, methods, lm_head, n_ctx, threads, baseline)
     if device:
         report["device"] = device
-    engine.close()
     return report
 
 
-def _llama_lowrank(engine) -> bool:
-    """A llama.cpp engine decoding greedy rows with the low-rank LM head."""
-    return getattr(engine, "meta", None) is None and getattr(engine, "lowrank", None) is not None
+def memory_report(target: str, methods: list[Method], lm_head: str, n_ctx: int,
+                  threads: int | None, baseline: str | None = None) -> dict:
+    """Peak RSS of each configuration in a fresh process, against plain llama.cpp target-only
+    decoding (full LM head, no drafter) of the target file, or of `baseline` where given (the
+    GGUF next to an ONNX target)."""
+    from edgespec.measure.memory import peak_rss_mb
+
+    ref = peak_rss_mb(baseline or target, "full", "none", n_ctx, threads)
+    by_draft: dict[str, float] = {}  # lookup under two policies is one configuration
+    rows = {}
+    for m in methods:
+        if m.engine != "main":
+            continue
+        if m.draft_name not in by_draft:
+            by_draft[m.draft_name] = peak_rss_mb(target, lm_head, m.draft_name, n_ctx, threads)
+        v = by_draft[m.draft_name]
+        rows[m.name] = {"peak_rss_mb": v, "vs_plain_llama_cpp": round(v / ref - 1, 4)}
+    return {"reference": f"target-only on {baseline or target} (full LM head, no drafter), fresh process",
+            "plain_llama_cpp_peak_rss_mb": ref, "methods": rows}
 
 
 def _engine_file(engine, given) -> dict:
     """Which engine ran and on what: the ONNX folder as given, or the GGUF file's name."""
-    if getattr(engine, "meta", None):  # the onnxruntime engine
-        return {"engine": "onnxruntime", "file": str(given)}
-    return {"engine": "llama.cpp", "file": Path(engine.spec.path).name}
-
-
-def _lm_head_label(engine) -> str:
-    meta = getattr(engine, "meta", None)  # the onnxruntime engine
-    if not meta:
-        lr = getattr(engine, "lowrank", None)
-        if lr is None:
-            return engine.spec.lm_head_type
-        return (f"{engine.spec.lm_head_type}; greedy: rank-{lr.rank} search, {lr.n_candidates} "
-                "candidates rescored as llama.cpp computes them")
-    lm = meta.get("lm_head", {"kind": "full"})
-    if lm["kind"] == "lowrank":
-        return (f"ONNX {meta['quant']}; greedy: rank-{lm['rank']} search, {lm['candidates']} "
-                f"candidates rescored from {lm['rescore']}")
-    return f"ONNX {meta['quant']}"
+    if engine.engine == "onnxruntime":
+        return {"engine": engine.engine, "file": str(given)}
+    return {"engine": engine.engine, "file": Path(engine.spec.path).name}
 
 
 def _agg(rows: list[dict]) -> dict:
@@ -268,16 +246,23 @@ def _ratios(rows: list[dict], base: list[dict]) -> list[float]:
             for r, b in zip(rows, base) if r["decode_s"] > 0 and b["decode_s"] > 0]
 
 
+def _speedups(rows: list[dict], base: list[dict]) -> tuple[float, float]:
+    """(median of per-prompt ratios, total-tokens ratio: all tokens over all decode time)."""
+    ratios = _ratios(rows, base)
+    a, b = _agg(rows)["tokens_per_s"], _agg(base)["tokens_per_s"]
+    return (round(statistics.median(ratios), 4) if ratios else 0.0), (round(a / b, 4) if b else 0.0)
+
+
 def summarize(results: dict[str, MethodResult], greedy: bool) -> dict:
     base = results["target"].per_prompt
     methods = {}
     for name, res in results.items():
         rows = res.per_prompt
         agg = _agg(rows)
-        ratios = _ratios(rows, base)
-        agg["speedup"] = round(statistics.median(ratios), 4) if ratios else 0.0
+        agg["speedup"], agg["speedup_total"] = _speedups(rows, base)
         if "baseline" in results:
-            agg["speedup_vs_baseline"] = round(statistics.median(_ratios(rows, results["baseline"].per_prompt)), 4)
+            agg["speedup_vs_baseline"], agg["speedup_total_vs_baseline"] = _speedups(
+                rows, results["baseline"].per_prompt)
         if greedy:
             same, prefix = 0, []
             for r, b in zip(rows, base):
@@ -292,41 +277,49 @@ def summarize(results: dict[str, MethodResult], greedy: bool) -> dict:
         for kind in kinds:
             sel = [i for i, r in enumerate(rows) if str(r["labels"].get("kind", "all")) == kind]
             ka = _agg([rows[i] for i in sel])
-            kr = _ratios([rows[i] for i in sel], [base[i] for i in sel])
+            med, tot = _speedups([rows[i] for i in sel], [base[i] for i in sel])
             agg["by_kind"][kind] = {"prompts": len(sel), "tokens_per_s": ka["tokens_per_s"],
-                                    "speedup": round(statistics.median(kr), 4) if kr else 0.0,
+                                    "speedup": med, "speedup_total": tot,
                                     "mean_accepted": ka["mean_accepted"]}
         methods[name] = agg
     return {"methods": methods}
 
 
 def format_table(report: dict) -> str:
-    rows = [("method", "tok/s", "speedup", "tok/pass", "accept by position", "ms/draft step",
-             "ms/verify", "same as target")]
+    rows = [("method", "tok/s", "speedup median", "speedup total", "tok/pass", "accept by position",
+             "ms/draft step", "ms/verify", "same as target")]
     for name, m in report["methods"].items():
-        rows.append((name, f"{m['tokens_per_s']:.1f}", f"{m['speedup']:.2f}x", f"{m['mean_accepted']:.2f}",
+        rows.append((name, f"{m['tokens_per_s']:.1f}", f"{m['speedup']:.2f}x", f"{m['speedup_total']:.2f}x",
+                     f"{m['mean_accepted']:.2f}",
                      " ".join(f"{a:.2f}" for a in m["acceptance_by_position"][:6]) or "-",
                      f"{m['ms_per_draft_step']:.2f}", f"{m['ms_per_verify']:.2f}",
                      f"{m.get('same_as_target_share', float('nan')):.2f}"))
     if "baseline" in report:
-        rows[0] = (*rows[0], "vs baseline")
-        rows[1:] = [(*r, f"{m['speedup_vs_baseline']:.2f}x") for r, m in zip(rows[1:], report["methods"].values())]
+        rows[0] = (*rows[0], "vs baseline (median/total)")
+        rows[1:] = [(*r, f"{m['speedup_vs_baseline']:.2f}x/{m['speedup_total_vs_baseline']:.2f}x")
+                    for r, m in zip(rows[1:], report["methods"].values())]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     kinds = sorted({k for m in report["methods"].values() for k in m["by_kind"]})
     if len(kinds) > 1:
         lines.append("")
-        lines.append("speedup by kind: " + "; ".join(
+        lines.append("speedup by kind (median): " + "; ".join(
             f"{name}: " + ", ".join(f"{k} {m['by_kind'][k]['speedup']:.2f}x" for k in kinds if k in m["by_kind"])
             for name, m in report["methods"].items() if name != "target"))
-    mem = report["memory"]
-    lines.append(f"RSS: target {mem['rss_after_target_mb']:.0f} MB, with drafters "
-                 f"{mem['rss_after_drafters_mb']:.0f} MB, peak {mem['peak_rss_mb']:.0f} MB; "
-                 f"machine: {report['machine']['cpu']}, {report['machine']['threads']} threads")
+    mem = report.get("memory")
+    if mem:
+        lines.append(f"peak RSS, fresh process each: plain llama.cpp {mem['plain_llama_cpp_peak_rss_mb']:.0f} MB; "
+                     + ", ".join(f"{n} {r['peak_rss_mb']:.0f} MB ({100 * r['vs_plain_llama_cpp']:+.0f}%)"
+                                 for n, r in mem["methods"].items()))
+    lines.append(f"machine: {report['machine']['cpu']}, {report['machine']['threads']} threads")
     return "\n".join(lines)
 
 
 def write_report(report: dict, out: str | Path) -> None:
+    """Results are append-only: a report never replaces an earlier one."""
+    out = Path(out)
+    if out.exists():
+        raise EdgespecError(f"{out} exists; bench reports are never overwritten: choose a new name")
     atomic_write_text(out, json.dumps(report, indent=1))
 
 

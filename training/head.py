@@ -14,40 +14,12 @@ output and attends to the real K/V up to its chain's start plus the chain's own 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass
-class HeadConfig:
-    n_embd: int  # the target's hidden width (inputs and outputs live in its space)
-    n_draft_vocab: int  # rows of the draft LM head
-    n_head: int = 4
-    n_head_kv: int = 1
-    head_dim: int = 64
-    n_ff: int = 1024
-    layer_types: list[str] = field(default_factory=lambda: ["sliding", "global"])
-    sliding_window: int = 512  # the target's window; bounds the head's own KV cache too
-    rope_base_local: float = 10000.0
-    rope_base_global: float = 1000000.0
-    rms_eps: float = 1e-6
-    embed_scale: float = 1.0  # target token embeddings are multiplied by this (Gemma: sqrt(d))
-    attn_scale: float | None = None  # None: 1/sqrt(head_dim)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "HeadConfig":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @property
-    def n_layer(self) -> int:
-        return len(self.layer_types)
+from edgespec.runtime.formats import HeadConfig
 
 
 class RMSNorm(nn.Module):

@@ -135,7 +135,7 @@ def make_data(target, prompts: list[str], out: str | Path, cfg: DataConfig | Non
         p = passages[i]
         text = p["text"]
         if cfg.chat and spec.chat_template:
-            from edgespec.chat import render_chat
+            from edgespec.runtime.chat import render_chat
 
             # the first 600 characters as the user turn, cut further if the rendered prompt
             # would not leave room for the new tokens in the context

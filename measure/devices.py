@@ -1,8 +1,10 @@
-"""Device profiles: one TOML file per device class, with the sources of each number.
+"""Device profiles: one TOML file per device class (devices/*.toml), with the sources of each
+number.
 
 `load_profiles()` reads them, `apply_profile()` applies what can be applied on this machine
-(threads, CPU affinity; the memory budget is checked against the bench's peak RSS), and `plan()`
-estimates whether target + head + KV cache fit and the bandwidth-bound decode speed.
+(threads, CPU affinity; the memory budget is checked against the bench's peak RSS), `plan()`
+estimates whether target + head + KV cache fit and the bandwidth-bound decode speed, and
+`plan_target()` sizes a real target and head for it (what `edgespec plan` runs).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from edgespec.errors import EdgespecError
 
-HERE = Path(__file__).resolve().parent
+PROFILES = Path(__file__).resolve().parent / "devices"
 REQUIRED = ("name", "title", "cores", "threads", "ram_gb", "app_memory_share",
             "memory_bandwidth_gbs", "isa", "target_quant", "head_quant",
             "onnx_execution_provider", "draft_min", "draft_max", "sources")
@@ -24,7 +26,7 @@ BANDWIDTH_EFFICIENCY = 0.6
 
 def load_profiles() -> dict[str, dict]:
     out = {}
-    for path in sorted(HERE.glob("*.toml")):
+    for path in sorted(PROFILES.glob("*.toml")):
         with open(path, "rb") as f:
             prof = tomllib.load(f)
         missing = [k for k in REQUIRED if k not in prof]
@@ -70,8 +72,8 @@ def plan(device: str, target_bytes: int, head_bytes: int, kv_bytes_per_token: in
     checks 1 token or k + 1, and each draft step reads the head once. So
         target-only tokens/s  ~ eff * bandwidth / target_bytes
         speculative tokens/s  ~ mean_accepted * eff * bandwidth / (target_bytes + k * head_bytes)
-    an upper bound that ignores compute (the 262k-vocabulary LM head is compute-heavy on CPU,
-    see NOTES) and KV reads.
+    an upper bound that ignores compute (a large-vocabulary LM head is compute-heavy on CPU)
+    and KV reads.
     """
     prof = get_profile(device)
     kv = kv_bytes_per_token * context
@@ -91,3 +93,57 @@ def plan(device: str, target_bytes: int, head_bytes: int, kv_bytes_per_token: in
         out["speedup"] = round(spec / (bw / target_bytes), 3)
         out["mean_accepted"] = mean_accepted
     return out
+
+
+def head_bytes(draft: str, spec) -> int:
+    """Bytes of the head a drafter name loads: "default" (the shipped head), a head file, or a
+    checkpoint folder (its weights file); lookup and none load no head."""
+    from edgespec.runtime.assets import default_head
+    from edgespec.runtime.formats import CKPT_WEIGHTS
+
+    if draft in ("none", "lookup"):
+        return 0
+    name = draft[len("head:"):] if draft.startswith("head:") else draft
+    path = default_head(spec) if name == "default" else Path(name)
+    if path.is_dir():
+        path = path / CKPT_WEIGHTS
+    if not path.is_file():
+        raise EdgespecError(f"--draft {draft}: no head file or checkpoint there")
+    return path.stat().st_size
+
+
+def kv_bytes_per_token(spec, context: int) -> int:
+    """f16 K and V per token, averaged over a full context: sliding layers hold at most a window."""
+    row = 2 * spec.n_head_kv * spec.head_dim * 2
+    n_glob = spec.layer_types.count("global")
+    win = min(spec.sliding_window or context, context)
+    return row * (n_glob * context + (spec.n_layer - n_glob) * win) // context
+
+
+def bench_mean_accepted(path: str | Path) -> float:
+    """Tokens per verify pass of the best drafting row of a bench report (edgespec rows)."""
+    from edgespec.io import read_json
+
+    rep = read_json(path)
+    rows = [m.get("mean_accepted") for n, m in (rep.get("methods") or {}).items() if n.startswith("edgespec")]
+    rows = [r for r in rows if isinstance(r, (int, float))]
+    if not rows:
+        raise EdgespecError(f"{path}: the bench report has no edgespec row with tokens per pass; "
+                            "bench with --methods ...,edgespec")
+    return max(rows)
+
+
+def plan_target(device: str, target, draft: str | None = None, context: int = 4096,
+                mean_accepted: float | None = None, bench: str | Path | None = None,
+                draft_len: int = 4) -> dict:
+    """`plan` for a real target (name or path) and drafter; `bench` takes tokens per pass from a
+    bench report."""
+    from edgespec.targets import load_target_spec
+
+    spec = load_target_spec(target)
+    hb = head_bytes(draft, spec) if draft else 0
+    if bench:
+        mean_accepted = bench_mean_accepted(bench)
+    r = plan(device, spec.file_size, hb, kv_bytes_per_token(spec, context), context, mean_accepted, draft_len)
+    r["target"], r["draft"] = spec.name, draft or "none"
+    return r

@@ -143,7 +143,7 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
             engine=None) -> dict:
     from safetensors.numpy import save_file
 
-    from edgespec.data import read_data
+    from edgespec.training.data import read_data
     from edgespec.runtime.llama_target import LlamaTarget
 
     cfg = cfg or ExtractConfig()
@@ -244,6 +244,19 @@ def open_features(features) -> "_Samples":
     return features if isinstance(features, _Samples) else Features(features)
 
 
+def features_source(target, features: str | Path | None, data: str | Path | None,
+                    online: bool = False, cache_mb: int = 1024) -> "_Samples | str | Path":
+    """What `train` reads: a features folder, or with `online` the target run over a data
+    folder (`OnlineFeatures`). Exactly one of the two must be given."""
+    if bool(features) == bool(online):
+        raise EdgespecError("give either --features DIR or --online --data DIR")
+    if not online:
+        return features
+    if not data:
+        raise EdgespecError("--online needs --data DIR (the output of `edgespec data`)")
+    return OnlineFeatures(target, data, cache_mb=cache_mb)
+
+
 class Features(_Samples):
     """A memory-mapped view of a features folder: per sample, token ids and hidden states."""
 
@@ -306,7 +319,7 @@ class OnlineFeatures(_Samples):
     def __init__(self, target, data: str | Path, cache_mb: int = 1024, n_batch: int = 64, engine=None):
         from collections import OrderedDict
 
-        from edgespec.data import read_data
+        from edgespec.training.data import read_data
         from edgespec.runtime.llama_target import LlamaTarget
 
         data_manifest, samples = read_data(data)

@@ -22,11 +22,12 @@ import torch
 import torch.nn.functional as F
 
 from edgespec.errors import EdgespecError
-from edgespec.features import Features, open_features
-from edgespec.gguf_meta import TensorRows, read_header
-from edgespec.head import HeadConfig, MTPHead
+from edgespec.gguf_meta import TensorRows
 from edgespec.io import atomic_write, atomic_write_text, progress, read_json
-from edgespec.targets import TargetSpec, load_target_spec
+from edgespec.runtime.formats import CKPT_CONFIG, CKPT_STATE, CKPT_WEIGHTS, DRAFT_IDS, HeadConfig
+from edgespec.targets import KNOWN_TARGETS, TargetSpec, embedding_rows, load_target_spec
+from edgespec.training.features import Features, open_features
+from edgespec.training.head import MTPHead
 
 EVAL_EVERY = 20  # every 20th sample (by index) is held out
 
@@ -149,28 +150,28 @@ def save_checkpoint(folder: Path, head: MTPHead, meta: dict) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
-    state["draft_ids"] = torch.as_tensor(meta["draft_vocab"]["ids"])
-    atomic_write(folder / "model.safetensors", lambda tmp: save_file(state, tmp))
+    state[DRAFT_IDS] = torch.as_tensor(meta["draft_vocab"]["ids"])
+    atomic_write(folder / CKPT_WEIGHTS, lambda tmp: save_file(state, tmp))
     cfg = dict(meta)
     cfg["draft_vocab"] = {k: v for k, v in meta["draft_vocab"].items() if k not in ("ids", "d2t")}
     cfg["head"] = head.c.to_dict()
-    atomic_write_text(folder / "config.json", json.dumps(cfg, indent=1))
+    atomic_write_text(folder / CKPT_CONFIG, json.dumps(cfg, indent=1))
 
 
 def load_checkpoint(folder: str | Path) -> tuple[MTPHead, dict]:
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    for name in ("config.json", "model.safetensors"):
+    for name in (CKPT_CONFIG, CKPT_WEIGHTS):
         if not (folder / name).exists():
             raise EdgespecError(f"{folder}: not a head checkpoint (missing {name})")
-    meta = read_json(folder / "config.json")
+    meta = read_json(folder / CKPT_CONFIG)
     try:
-        state = load_file(str(folder / "model.safetensors"))
+        state = load_file(str(folder / CKPT_WEIGHTS))
     except Exception as e:
-        raise EdgespecError(f"{folder / 'model.safetensors'}: unreadable ({e})") from None
+        raise EdgespecError(f"{folder / CKPT_WEIGHTS}: unreadable ({e})") from None
     head = MTPHead(HeadConfig.from_dict(meta["head"]))
-    ids = state.pop("draft_ids")
+    ids = state.pop(DRAFT_IDS)
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise EdgespecError(f"{folder}: checkpoint does not match its config "
@@ -269,8 +270,8 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
         raise EdgespecError(f"{features}: too little data ({len(feats)} samples, "
                             f"{feats.n_tokens} tokens); make more with `edgespec data`")
     out = Path(out)
-    state_path = out / "train_state.pt"
-    embed = TensorRows(read_header(spec.path), "token_embd.weight")
+    state_path = out / CKPT_STATE
+    embed = embedding_rows(spec)
     if resume and state_path.exists():
         head, meta = load_checkpoint(out)
         if meta["target_fingerprint"] != spec.tokenizer_fingerprint:
@@ -279,7 +280,7 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
         start, cfg = state["step"], TrainConfig.from_dict(state["config"])
         vocab = {"ids": meta["draft_vocab"]["ids"], "coverage": meta["draft_vocab"]["coverage"]}
     else:
-        if out.exists() and (out / "config.json").exists() and not resume:
+        if out.exists() and (out / CKPT_CONFIG).exists() and not resume:
             raise EdgespecError(f"{out} already holds a checkpoint; pass --resume or a new --out")
         vocab = build_draft_vocab([feats.tokens[i] for i in train_idx], cfg.draft_vocab,
                                   spec.n_vocab, always=[spec.eos_id])
@@ -351,17 +352,23 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
 # -- offline evaluation -------------------------------------------------------------------------
 @torch.no_grad()
 def eval_head(ckpt: str | Path, features, max_chain: int = 8,
-              max_samples: int = 200, start_from: int = 0) -> dict:
+              max_samples: int = 200, start_from: int = 0, online: bool = False) -> dict:
     """Offline acceptance on held-out samples (a features folder, or `OnlineFeatures` to run the
     target on the held-out data samples instead): for every chain start t, draft greedily for up
     to `max_chain` steps and compare with the target's argmax over the full vocabulary.
 
+    `online`: `features` is a data folder, and the target runs over its held-out samples.
     Reports per-position acceptance (conditional on all earlier drafts accepted) and the
     expected accepted length of chains of 1..max_chain drafts. `start_from` counts only chain
     starts at that position or later (the head still reads everything before), e.g. past the
     sliding window.
     """
     head, meta = load_checkpoint(ckpt)
+    spec = checkpoint_target(meta)
+    if online:  # `features` is a data folder: the head's own target runs over it
+        from edgespec.training.features import OnlineFeatures
+
+        features = OnlineFeatures(spec.path if spec.name not in KNOWN_TARGETS else spec.name, features)
     feats = open_features(features)
     if feats.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{features} holds features of another target than the head's")
@@ -369,7 +376,7 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
     idx = [i for i, s in enumerate(seq_index) if is_eval(s)][:max_samples]
     if not idx:
         raise EdgespecError(f"{features}: no held-out samples (every {EVAL_EVERY}th sample)")
-    embed = _embed_for(meta)
+    embed = embedding_rows(spec)
     full = torch.from_numpy(embed[0:embed.n_rows])  # the target's LM head (tied), [V, E]
     ids = torch.as_tensor(meta["draft_vocab"]["ids"])
     ok_runs = []  # per chain start: number of leading steps accepted (0..max_chain)
@@ -405,10 +412,10 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
             "start_from": start_from}
 
 
-def _embed_for(meta: dict) -> TensorRows:
-    from edgespec.targets import KNOWN_TARGETS
-
+def checkpoint_target(meta: dict) -> TargetSpec:
+    """The target a checkpoint was trained for (by known name, else by its recorded path),
+    checked against the checkpoint's tokenizer fingerprint."""
     spec = load_target_spec(meta["target"] if meta["target"] in KNOWN_TARGETS else meta["target_path"])
     if spec.tokenizer_fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"target {meta['target']} does not match the head's fingerprint")
-    return TensorRows(read_header(spec.path), "token_embd.weight")
+    return spec

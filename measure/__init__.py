@@ -1,0 +1,1 @@
+"""Measuring: the interleaved bench, device profiles and the memory/speed planner."""

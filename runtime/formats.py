@@ -1,0 +1,200 @@
+"""edgespec's file formats, reader side: the head config, metadata keys, and the readers the
+runtime needs (numpy only). Writers (training, exporters) import the same names from here, so a
+key is spelled once.
+
+    checkpoint folder   config.json (training meta + `head`) + model.safetensors (+ draft_ids)
+    head GGUF           architecture `edgespec-mtp`, keys `edgespec-mtp.*`, tensors by name
+    head ONNX           model metadata `edgespec.*`
+    ONNX target folder  model.onnx (+ .data) + edgespec-target.json
+    low-rank basis      .npz with `basis` [E, r] and `target_fingerprint`
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+
+# -- the head's hyperparameters ---------------------------------------------------------------
+
+
+@dataclass
+class HeadConfig:
+    n_embd: int  # the target's hidden width (inputs and outputs live in its space)
+    n_draft_vocab: int  # rows of the draft LM head
+    n_head: int = 4
+    n_head_kv: int = 1
+    head_dim: int = 64
+    n_ff: int = 1024
+    layer_types: list[str] = field(default_factory=lambda: ["sliding", "global"])
+    sliding_window: int = 512  # the target's window; bounds the head's own KV cache too
+    rope_base_local: float = 10000.0
+    rope_base_global: float = 1000000.0
+    rms_eps: float = 1e-6
+    embed_scale: float = 1.0  # target token embeddings are multiplied by this (Gemma: sqrt(d))
+    attn_scale: float | None = None  # None: 1/sqrt(head_dim)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HeadConfig":
+        """Unknown keys are ignored; a missing required one or a bad value is a clear error."""
+        names = {f.name for f in fields(cls)}
+        try:
+            c = cls(**{k: v for k, v in d.items() if k in names})
+        except TypeError as e:
+            raise EdgespecError(f"head config is incomplete ({e})") from None
+        if c.n_head < 1 or c.n_head_kv < 1 or c.n_head % c.n_head_kv or c.head_dim < 1:
+            raise EdgespecError(f"head config has invalid attention sizes "
+                                f"(n_head={c.n_head}, n_head_kv={c.n_head_kv}, head_dim={c.head_dim})")
+        if not c.layer_types or set(c.layer_types) - {"sliding", "global"}:
+            raise EdgespecError(f"head config has invalid layer types {c.layer_types}")
+        return c
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale or 1.0 / float(np.sqrt(self.head_dim))
+
+
+# Sliding-window KV caches (the head's own, the ONNX target's) keep the window plus this many
+# positions, so a rollback of up to MARGIN tokens never has to re-decode.
+KV_MARGIN = 64
+
+
+def kept_positions(window: int) -> int:
+    """Positions a sliding-window cache keeps: the window bounds every key a query can see."""
+    return window + KV_MARGIN
+
+
+# -- checkpoint folders (`edgespec train`) ------------------------------------------------------
+CKPT_CONFIG, CKPT_WEIGHTS, CKPT_STATE = "config.json", "model.safetensors", "train_state.pt"
+DRAFT_IDS = "draft_ids"  # the draft vocabulary's target ids, stored beside the weights
+
+# -- head GGUF (`edgespec export gguf`) ---------------------------------------------------------
+GGUF_ARCH = "edgespec-mtp"
+GGUF_HEAD_CONFIG = f"{GGUF_ARCH}.head_config"
+GGUF_TARGET = f"{GGUF_ARCH}.target"
+GGUF_FINGERPRINT = f"{GGUF_ARCH}.target_fingerprint"
+GGUF_TRAIN_META = f"{GGUF_ARCH}.train_meta"
+GGUF_DRAFT_VOCAB = f"{GGUF_ARCH}.draft_vocab"
+
+# -- head ONNX (`edgespec export onnx`) ---------------------------------------------------------
+ONNX_FORMAT, ONNX_HEAD_FORMAT, ONNX_TARGET_FORMAT = "edgespec.format", "edgespec-mtp-onnx", "edgespec-target-onnx"
+ONNX_HEAD_CONFIG = "edgespec.head_config"
+ONNX_TARGET = "edgespec.target"
+ONNX_FINGERPRINT = "edgespec.target_fingerprint"
+ONNX_DRAFT_VOCAB = "edgespec.draft_vocab"
+ONNX_QUANT = "edgespec.quant"
+
+# -- ONNX target folder (`edgespec export onnx-target`) -----------------------------------------
+TARGET_META = "edgespec-target.json"
+TARGET_META_KEYS = ("target", "target_fingerprint", "n_vocab", "n_embd", "n_layer", "layer_types",
+                    "n_head_kv", "head_dim", "embed_scale")
+
+# -- low-rank LM head basis (`edgespec export lowrank-basis`) -----------------------------------
+BASIS_NAME = "lowrank-basis.npz"  # the shipped file's name under runtime/heads/<target>/
+
+
+def cache_names(n_layer: int) -> tuple[list[str], list[str]]:
+    """(past_key_values.{i}.key/value inputs, present.{i}.key/value outputs), layer by layer."""
+    past = [f"past_key_values.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
+    present = [f"present.{i}.{kv}" for i in range(n_layer) for kv in ("key", "value")]
+    return past, present
+
+
+@dataclass
+class HeadFile:
+    """What a head file or checkpoint says about itself; `weights` only where numpy runs it."""
+
+    path: Path
+    config: HeadConfig
+    target: str | None
+    fingerprint: str | None
+    draft_ids: np.ndarray  # int64 target ids of the draft vocabulary
+    weights: dict[str, np.ndarray] | None = None
+
+
+def read_checkpoint(ckpt: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """A training checkpoint folder -> (meta, numpy weights incl. `draft_ids`)."""
+    from safetensors.numpy import load_file
+
+    ckpt = Path(ckpt)
+    for name in (CKPT_CONFIG, CKPT_WEIGHTS):
+        if not (ckpt / name).exists():
+            raise EdgespecError(f"{ckpt}: not a head checkpoint (missing {name})")
+    try:
+        meta = json.loads((ckpt / CKPT_CONFIG).read_text())
+        weights = load_file(str(ckpt / CKPT_WEIGHTS))
+    except Exception as e:
+        raise EdgespecError(f"{ckpt}: unreadable checkpoint ({e})") from None
+    if not isinstance(meta, dict) or "head" not in meta or DRAFT_IDS not in weights:
+        raise EdgespecError(f"{ckpt}: checkpoint lacks its head config or draft vocabulary")
+    return meta, weights
+
+
+def read_checkpoint_head(ckpt: str | Path) -> HeadFile:
+    meta, w = read_checkpoint(ckpt)
+    ids = w.pop(DRAFT_IDS).astype(np.int64)
+    return HeadFile(Path(ckpt), HeadConfig.from_dict(meta["head"]), meta.get("target"),
+                    meta.get("target_fingerprint"), ids, w)
+
+
+def read_head_gguf(path: str | Path, weights: bool = True) -> HeadFile:
+    """A head GGUF -> its config, target, draft vocabulary and (float32) weights."""
+    from edgespec.gguf_meta import TensorRows, read_header
+
+    header = read_header(path)
+    md = header.metadata
+    if md.get("general.architecture") != GGUF_ARCH:
+        raise EdgespecError(f"{path}: not an edgespec head (architecture "
+                            f"{md.get('general.architecture')})")
+    try:
+        config = HeadConfig.from_dict(json.loads(md[GGUF_HEAD_CONFIG]))
+        info = (md.get(GGUF_TARGET), md[GGUF_FINGERPRINT], np.asarray(md[GGUF_DRAFT_VOCAB], dtype=np.int64))
+    except (KeyError, TypeError, ValueError) as e:
+        raise EdgespecError(f"{path}: edgespec head metadata is incomplete ({e})") from None
+    w = None
+    if weights:
+        w = {}
+        for name, t in header.tensors.items():
+            arr = TensorRows(header, name)[:]
+            w[name] = arr.reshape(tuple(reversed(t.shape))) if len(t.shape) > 1 else arr.reshape(-1)
+    return HeadFile(Path(path), config, *info, weights=w)
+
+
+def read_onnx_head_meta(path: str | Path, md: dict[str, str]) -> HeadFile:
+    """The metadata of a head ONNX file (`md`: onnxruntime's custom metadata map)."""
+    if md.get(ONNX_FORMAT) != ONNX_HEAD_FORMAT:
+        raise EdgespecError(f"{path}: not an edgespec head (no edgespec metadata)")
+    try:
+        config = HeadConfig.from_dict(json.loads(md[ONNX_HEAD_CONFIG]))
+        ids = np.asarray(json.loads(md[ONNX_DRAFT_VOCAB]), dtype=np.int64)
+        return HeadFile(Path(path), config, md.get(ONNX_TARGET), md[ONNX_FINGERPRINT], ids)
+    except (KeyError, TypeError, ValueError) as e:
+        raise EdgespecError(f"{path}: edgespec head metadata is incomplete ({e})") from None
+
+
+def read_target_meta(folder: Path) -> dict:
+    """An ONNX target folder's `edgespec-target.json`, every field the engine reads present."""
+    meta_path = folder / TARGET_META
+    if not meta_path.is_file() or not (folder / "model.onnx").is_file():
+        raise EdgespecError(f"{folder}: not an ONNX target folder (made by `edgespec export "
+                            "onnx-target`)")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        raise EdgespecError(f"{meta_path}: unreadable ({e})") from None
+    missing = [k for k in TARGET_META_KEYS if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise EdgespecError(f"{meta_path}: incomplete metadata (missing {', '.join(missing)}); "
+                            "export the target again")
+    return meta

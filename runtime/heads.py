@@ -1,0 +1,165 @@
+"""The MTP draft head at run time, without torch: numpy (from a head GGUF or a checkpoint) or
+onnxruntime (from a head ONNX). Both keep the head's own KV cache of real (target) pairs and
+share one interface:
+
+    out, (k, v) = head.forward(tok_emb [T, E], hidden [T, E], pos0, commit, cache=None)
+    head.last_logits   # draft-vocabulary logits of the last pair
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.formats import (HeadConfig, HeadFile, cache_names, kept_positions,
+                                      read_checkpoint_head, read_head_gguf, read_onnx_head_meta)
+from edgespec.runtime.onnx_session import open_session
+
+
+def _rms(x, w, eps):
+    x = x.astype(np.float32, copy=False)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * (1.0 + w)
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+
+
+def _rope(x, pos, base):
+    """x [T, H, D], pos [T] -> rotate-half RoPE."""
+    d = x.shape[-1]
+    inv = 1.0 / base ** (np.arange(0, d, 2, dtype=np.float32) / d)
+    ang = pos[:, None].astype(np.float32) * inv
+    cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
+    sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + np.concatenate([-x2, x1], -1) * sin
+
+
+def _commit(c: HeadConfig, caches: list, axis: int) -> list:
+    """Sliding layers keep only what their window can still see (plus a rollback margin)."""
+    tail = (slice(None),) * axis + (slice(-kept_positions(c.sliding_window), None),)
+    return [a[tail] if t == "sliding" else a for a, t in zip(caches, c.layer_types)]
+
+
+class NumpyHead:
+    """The MTP head's forward pass in numpy; caches are [S, kv_heads, head_dim] per layer."""
+
+    def __init__(self, config: HeadConfig, weights: dict[str, np.ndarray]):
+        self.c = config
+        # norms as given; matrices pre-transposed (x @ W.T is the torch Linear), kept once
+        self.w = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items() if v.ndim == 1}
+        self.t = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32).T)
+                  for k, v in weights.items() if v.ndim == 2}
+        self.reset()
+
+    def reset(self) -> None:
+        c = self.c
+        self.k = [np.zeros((0, c.n_head_kv, c.head_dim), np.float32) for _ in range(c.n_layer)]
+        self.v = [x.copy() for x in self.k]
+        self.n = 0  # real pairs in the cache (positions 0..n-1)
+
+    def _block(self, i, x, pos, ck, cv):
+        """x [T, E] at positions pos; attends cache ck/cv (positions before pos[0]) + itself."""
+        c, w, t = self.c, self.w, self.t
+        p = f"blocks.{i}."
+        hd, nh, nkv = c.head_dim, c.n_head, c.n_head_kv
+        sliding = c.layer_types[i] == "sliding"
+        base = c.rope_base_local if sliding else c.rope_base_global
+        h = _rms(x, w[p + "input_norm.weight"], c.rms_eps)
+        q = _rms((h @ t[p + "q.weight"]).reshape(-1, nh, hd), w[p + "q_norm.weight"], c.rms_eps)
+        k = _rms((h @ t[p + "k.weight"]).reshape(-1, nkv, hd), w[p + "k_norm.weight"], c.rms_eps)
+        v = (h @ t[p + "v.weight"]).reshape(-1, nkv, hd)
+        q, k = _rope(q, pos, base), _rope(k, pos, base)
+        K, V = np.concatenate([ck, k]), np.concatenate([cv, v])
+        kpos = np.arange(pos[-1] - len(K) + 1, pos[-1] + 1)
+        mask = kpos[None, :] <= pos[:, None]
+        if sliding:
+            mask &= kpos[None, :] > pos[:, None] - c.sliding_window
+        qg = q.reshape(-1, nkv, nh // nkv, hd)  # group query heads by their KV head
+        s = np.einsum("tgrd,sgd->grts", qg, K) * c.scale
+        s = np.where(mask[None, None], s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        a = np.einsum("grts,sgd->tgrd", s, V).reshape(-1, nh * hd)
+        x = x + _rms(a @ t[p + "o.weight"], w[p + "post_attn_norm.weight"], c.rms_eps)
+        h = _rms(x, w[p + "pre_ffn_norm.weight"], c.rms_eps)
+        f = (_gelu_tanh(h @ t[p + "gate.weight"]) * (h @ t[p + "up.weight"])) @ t[p + "down.weight"]
+        return x + _rms(f, w[p + "post_ffn_norm.weight"], c.rms_eps), k, v
+
+    def forward(self, tok_emb, hidden, pos0, commit: bool, cache=None):
+        """Pairs [T, E] x 2 at positions pos0.. -> outputs [T, E]; commit appends K/V."""
+        c, w = self.c, self.w
+        a = _rms(tok_emb * c.embed_scale, w["emb_norm.weight"], c.rms_eps)
+        x = np.concatenate([a, _rms(hidden, w["hid_norm.weight"], c.rms_eps)], -1) @ self.t["fc.weight"]
+        pos = np.arange(pos0, pos0 + len(x))
+        ks, vs = cache if cache else (self.k, self.v)
+        new_k, new_v = [], []
+        for i in range(c.n_layer):
+            x, k, v = self._block(i, x, pos, ks[i], vs[i])
+            new_k.append(np.concatenate([ks[i], k]))
+            new_v.append(np.concatenate([vs[i], v]))
+        if commit:
+            self.k, self.v = _commit(c, new_k, 0), _commit(c, new_v, 0)
+            self.n = pos0 + len(x)
+        out = _rms(x, w["out_norm.weight"], c.rms_eps)
+        self.last_logits = self.logits(out[-1])
+        return out, (new_k, new_v)
+
+    def logits(self, out):
+        return out @ self.t["lm_head"]
+
+
+def onnx_head_file(path: str | Path, sess=None) -> HeadFile:
+    """The metadata of a head ONNX file (opens a session unless one is given)."""
+    sess = sess or open_session(path, threads=1)
+    return read_onnx_head_meta(path, sess.get_modelmeta().custom_metadata_map)
+
+
+class OnnxHead:
+    """The same head from an ONNX export (`edgespec export onnx`), run by onnxruntime on one
+    thread; caches are [1, kv_heads, S, head_dim]."""
+
+    def __init__(self, path: str | Path):
+        self.sess = open_session(path, threads=1)  # llama.cpp's threads need the cores
+        self.file = onnx_head_file(path, self.sess)
+        self.c = self.file.config
+        self.past_names, present = cache_names(self.c.n_layer)
+        self.out_names = ["logits", "hidden_out", *present]
+        self.reset()
+
+    def reset(self) -> None:
+        z = np.zeros((1, self.c.n_head_kv, 0, self.c.head_dim), np.float32)
+        self.k = [z] * self.c.n_layer
+        self.v = [z] * self.c.n_layer
+        self.n = 0
+
+    def forward(self, tok_emb, hidden, pos0, commit: bool, cache=None):
+        ks, vs = cache if cache else (self.k, self.v)
+        feed = {"tok_emb": np.ascontiguousarray(tok_emb, dtype=np.float32),
+                "hidden": np.ascontiguousarray(hidden, dtype=np.float32),
+                "position": np.array(pos0, dtype=np.int64)}
+        for i in range(self.c.n_layer):
+            feed[self.past_names[2 * i]] = ks[i]
+            feed[self.past_names[2 * i + 1]] = vs[i]
+        res = self.sess.run(self.out_names, feed)
+        self.last_logits = res[0][0]
+        new_k, new_v = res[2::2], res[3::2]
+        if commit:
+            self.k, self.v = _commit(self.c, new_k, 2), _commit(self.c, new_v, 2)
+            self.n = pos0 + len(tok_emb)
+        return res[1], (new_k, new_v)
+
+
+def load_head(path: str | Path) -> tuple[NumpyHead | OnnxHead, HeadFile]:
+    """A runnable head from a head ONNX or GGUF file or a training checkpoint folder."""
+    path = Path(path)
+    if not path.exists():
+        raise EdgespecError(f"{path}: no such head file or folder")
+    if path.suffix == ".onnx":
+        head = OnnxHead(path)
+        return head, head.file
+    info = read_head_gguf(path) if path.suffix == ".gguf" else read_checkpoint_head(path)
+    return NumpyHead(info.config, info.weights), info

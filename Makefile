@@ -6,7 +6,7 @@ STAMP := $(VENV)/.edgespec-installed
 # llama-cpp-python compiles llama.cpp; pip caches the built wheel for the next run.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-fast clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,13 @@ demo: setup
 	$(BIN)/edgespec generate --target gemma3-270m --draft default --compare --max-tokens 96 \
 	  --prompt "The history of the Roman Empire"
 
+# Everything: unit tests and the integration tests on the real Gemma 3 270M and SmolLM2.
 test: setup
 	$(BIN)/python -m pytest tests
+
+# The everyday tier: mock targets, tiny GGUF files and tiny heads only (well under 2 minutes).
+test-fast: setup
+	$(BIN)/python -m pytest tests -m "not integration"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

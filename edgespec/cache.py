@@ -52,7 +52,8 @@ def write_json(name: str, data: dict) -> bool:
         return False
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: str | Path) -> str:
+    """The hex sha256 of a file's bytes, read in blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -70,7 +71,7 @@ def file_identity(path: str | Path) -> str:
     entry = ids.get(str(path))
     if isinstance(entry, dict) and entry.get("stamp") == stamp:
         return str(entry["sha256"])
-    digest = _sha256(path)[:16]
+    digest = sha256_file(path)[:16]
     ids[str(path)] = {"stamp": stamp, "sha256": digest}
     if len(ids) > 256:  # forget the oldest paths
         ids = dict(list(ids.items())[-256:])

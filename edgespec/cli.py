@@ -160,8 +160,9 @@ def _cmd_chat(args) -> int:
 
 def _cmd_bench(args) -> int:
     from edgespec.measure import bench as b
+    from edgespec.prompts import DEFAULT_PROMPTS, read_prompts
 
-    prompts = b.read_prompts(args.prompts or b.DEFAULT_PROMPTS)
+    prompts = read_prompts(args.prompts or DEFAULT_PROMPTS)
     if args.limit:
         prompts = prompts[: args.limit]
     methods = b.parse_methods(args.methods, args.draft or ["default"], args.k, args.policy)

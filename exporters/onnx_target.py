@@ -193,11 +193,10 @@ def _lowrank_matmuls(model) -> tuple[list[str], list[str]]:
 def _quantize(m, quant: str, lowrank: bool, work: Path, log):
     """Weight-only MatMulNBits for the target's layers and its full LM head (int8: 8 bits, int4:
     4 bits). The low-rank head's small basis projection stays fp32 (the hidden states it reads
-    have a few channels ~30x the rest, which a shared activation scale would crush), and its
-    [rank, vocab] scores get dynamic int8 quantization, one scale per tensor (onnxruntime's
-    integer GEMM; for [T, 256] x [256, 262144] measured 2.4 / 3.4 / 5.4 ms for T = 1 / 4 / 7
-    against 3.7 / 7.8 / 12.7 for 8-bit MatMulNBits and 4.0 / 4.6 / 5.9 with per-column scales;
-    only the candidates come from it, their logits are recomputed exactly)."""
+    have a few channels far larger than the rest, which a shared activation scale would crush),
+    and its [rank, vocab] scores get dynamic int8 quantization, one scale per tensor
+    (onnxruntime's integer GEMM, whose cost grows slowly with the number of rows, unlike 8-bit
+    MatMulNBits; only the candidates come from it, their logits are recomputed exactly)."""
     import onnx
 
     from edgespec.exporters.onnx_head import nbits_quantize

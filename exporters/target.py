@@ -3,7 +3,7 @@
     edgespec export target gemma3-270m --out gemma3-270m-q4head.gguf [--head-type Q4_0]
 
 Checking k drafted tokens needs the target's logits at k + 1 positions, and on CPU the
-262k-row LM head dominates that cost (NOTES). This export keeps every other tensor byte for
+262k-row LM head dominates that cost. This export keeps every other tensor byte for
 byte (llama.cpp's quantize API copies a tensor whose type does not change) and re-quantizes
 only the LM head (Gemma: the tied `token_embd`). The report gives, for the original and the
 new file, the measured cost c(k) of one decode with logits at all k positions, k = 1..8, the

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from edgespec.errors import EdgespecError
 from edgespec.io import atomic_write_text, progress
-from edgespec.prompts import DEFAULT_PROMPTS, read_prompts  # noqa: F401 (the CLI reads them here)
 from edgespec.runtime.policies import POLICIES
 
 

@@ -175,8 +175,8 @@ class LlamaTarget(LlamaVocab):
         self._embeddings_on = False
         self.tokens: list[int] = []  # tokens whose K/V sit in the cache, position = index
         self.n_redecodes = 0  # times a rollback had to re-decode because the SWA cache was short
-        self._lowrank = None if basis is None else LowRankHead(self.spec, basis, n_threads=self.n_threads)
-        self.lowrank: LowRankInfo | None = self._lowrank.info if self._lowrank else None
+        self.lowrank_head = None if basis is None else LowRankHead(self.spec, basis, n_threads=self.n_threads)
+        self.lowrank: LowRankInfo | None = self.lowrank_head.info if self.lowrank_head else None
         self.draft_k = 6 if self.lowrank else 3
 
     def describe_lm_head(self, greedy: bool = True) -> str:
@@ -292,9 +292,9 @@ class LlamaTarget(LlamaVocab):
             raise ValueError(f"decode takes at most n_batch={self.n_batch} tokens")
         n = len(tokens)
         every = all_logits or hidden
-        if top_only and self._lowrank is not None:
+        if top_only and self.lowrank_head is not None:
             h = self._decode_grab(tokens, [True] * n if every else [False] * (n - 1) + [True])
-            return self._lowrank.top_logits(h), (h if hidden else None)
+            return self.lowrank_head.top_logits(h), (h if hidden else None)
         self._set_embeddings(hidden)
         self._decode_chunk(tokens, [True] * n if every else [False] * (n - 1) + [True])
         n_out = n if every else 1

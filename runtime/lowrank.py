@@ -147,7 +147,7 @@ class LowRankHead:
                              + basis.tobytes()).hexdigest()[:16]
         say = log or (lambda m: print(m, file=sys.stderr))
         self.folder = built_folder(
-            "lowrank", f"{spec.name}-{key}",
+            "lowrank", key,
             lambda tmp: _build(tmp, spec, self.rows, basis, candidates),
             need_bytes=basis.shape[1] * spec.n_vocab + basis.nbytes,
             log=lambda m: say(f"low-rank LM head for {spec.name}: {m}"))

@@ -1,9 +1,12 @@
-"""Regenerate the README's Results tables from the committed JSON in results/.
+"""Regenerate the README's Results block from the committed JSON in results/: every measured
+figure in README comes from here. Results files are append-only (a new run gets a new file).
 
-Run: .venv/bin/python scripts/results_table.py   (rewrites the block between the markers)
+Run: .venv/bin/python scripts/results_table.py          (rewrites the block between the markers)
+     .venv/bin/python scripts/results_table.py --check  (exit 1 if README is not what it writes)
 """
 
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,37 +19,87 @@ def table(intro: str, header: list[str], rows: list[list]) -> str:
     return "\n".join([intro, "", line(header), "|" + "---|" * len(header), *map(line, rows)])
 
 
+def _total(m: dict, ref: dict | None) -> float:
+    """Total-tokens ratio (all tokens over all decode time, against `ref`); reports written
+    before the bench stored it are computed from their own tokens/s, the same quantity."""
+    if ref is None:
+        return 0.0
+    return m.get("speedup_total") or m["tokens_per_s"] / ref["tokens_per_s"]
+
+
 def bench_table(path: Path) -> str:
     r = json.loads(path.read_text())
     m0 = r["machine"]
     base = r.get("baseline")
+    ref, bref = r["methods"]["target"], r["methods"].get("baseline")
     k = {m["k"] for m in r["settings"]["methods"] if m["kind"] != "target"}
     lines = [f"`{path.relative_to(ROOT)}`: target `{r['target']['file']}` on "
              f"{r['target'].get('engine', 'llama.cpp')} (LM head "
              f"{r['target']['lm_head_type']}), {r['settings']['prompts']} prompts, "
-             f"{r['settings']['max_new_tokens']} new tokens, k <= {max(k)}, {m0['cpu']}, "
+             f"{r['settings']['max_new_tokens']} new tokens, temperature "
+             f"{r['settings'].get('temperature', 0.0)}, k <= {max(k)}, {m0['cpu']}, "
              f"{m0['threads']} threads"
              + (f"; baseline: target-only on `{base['file']}` ({base['engine']}) in the same run"
                 if base else ""),
              "",
-             "| method | tok/s | speedup vs target-only | " + ("vs baseline | " if base else "")
+             "| method | policy | tok/s | speedup vs target-only (median / total) | "
+             + ("vs baseline (median / total) | " if base else "")
              + "tokens/pass | acceptance by position | "
              "ms/draft step | ms/verify | same output as target | code | prose | chat |",
-             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if base else "")]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if base else "")]
+    policies = {m["name"]: (m["policy"] if m["kind"] != "target" else "-") for m in r["settings"]["methods"]}
     for name, m in r["methods"].items():
         kinds = {k: f"{v['speedup']:.2f}x" for k, v in m["by_kind"].items()}
         acc = " ".join(f"{a:.2f}" for a in m["acceptance_by_position"]) or "-"
-        vs = f"{m['speedup_vs_baseline']:.2f}x | " if base else ""
-        lines.append(f"| {name} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {vs}"
+        vs = f"{m['speedup_vs_baseline']:.2f}x / {_total(m, bref):.2f}x | " if base else ""
+        lines.append(f"| {name} | {policies.get(name, '-')} | {m['tokens_per_s']:.1f} | "
+                     f"{m['speedup']:.2f}x / {_total(m, ref):.2f}x | {vs}"
                      f"{m['mean_accepted']:.2f} | {acc} | {m['ms_per_draft_step']:.2f} | "
                      f"{m['ms_per_verify']:.2f} | {m.get('same_as_target_share', 0):.2f} | "
                      f"{kinds.get('code', '-')} | {kinds.get('prose', '-')} | {kinds.get('chat', '-')} |")
     mem = r["memory"]
     lines.append("")
-    lines.append(f"RSS after loading the target {mem['rss_after_target_mb']:.0f} MB, after the "
-                 f"drafters {mem['rss_after_drafters_mb']:.0f} MB "
-                 f"(+{100 * mem['drafters_share_of_target']:.0f}%), peak {mem['peak_rss_mb']:.0f} MB.")
+    if "plain_llama_cpp_peak_rss_mb" in mem:
+        lines.append(f"Peak RSS, each configuration in a fresh process: {mem['reference']} "
+                     f"{mem['plain_llama_cpp_peak_rss_mb']:.0f} MB; "
+                     + ", ".join(f"{n} {v['peak_rss_mb']:.0f} MB ({100 * v['vs_plain_llama_cpp']:+.0f}%)"
+                                 for n, v in mem["methods"].items()) + ".")
+    else:
+        lines.append(f"RSS (one process, measured before the bench compared against plain llama.cpp): "
+                     f"after loading the target engine {mem['rss_after_target_mb']:.0f} MB, after the "
+                     f"drafters {mem['rss_after_drafters_mb']:.0f} MB "
+                     f"(+{100 * mem['drafters_share_of_target']:.0f}%), peak {mem['peak_rss_mb']:.0f} MB.")
     return "\n".join(lines)
+
+
+def summary_table(paths: list[Path]) -> str:
+    """One row per drafting method of every bench report: the figures to compare at a glance."""
+    rows = []
+    for path in paths:
+        r = json.loads(path.read_text())
+        ref = r["methods"]["target"]
+        head = "low-rank (greedy)" if "rank-" in r["target"]["lm_head_type"] else "full"
+        for name, m in r["methods"].items():
+            if name in ("target", "baseline"):
+                continue
+            rows.append([f"`{path.stem}`", r["target"].get("engine", "llama.cpp"), head, name,
+                         f"{ref['tokens_per_s']:.1f}", f"{m['tokens_per_s']:.1f}",
+                         f"{m['speedup']:.2f}x", f"{_total(m, ref):.2f}x", f"{m['mean_accepted']:.2f}"])
+    return table("Every bench run at a glance: speedups are against the `target` row of the same "
+                 "run (plain llama.cpp on the same file, full LM head), as the median of per-prompt "
+                 "ratios and as the total-tokens ratio.",
+                 ["report", "engine", "LM head", "method", "target tok/s", "tok/s", "median",
+                  "total", "tokens/pass"], rows)
+
+
+def feature_error_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    rows = [[x["dtype"], x["group_size"], x["transform"], f"{x['kl_to_fp16']:.5f}",
+             f"{x['top1_agreement']:.4f}", f"{x['relative_error']:.4f}"] for x in r["rows"]]
+    return table(f"Stored hidden states against fp16 (`{path.relative_to(ROOT)}`, "
+                 f"`scripts/feature_quant_error.py`): the teacher distribution over the draft "
+                 f"vocabulary ({r['draft_vocab']} tokens) at {r['tokens']} held-out tokens; {r['note']}.",
+                 ["dtype", "group", "transform", "KL to fp16", "top-1 agreement", "relative error"], rows)
 
 
 def cost_table(intro: str, curves: dict[str, list[float]]) -> str:
@@ -94,15 +147,17 @@ def lowrank_basis_table(path: Path) -> str:
         {"llama.cpp, full LM head": c["ms_full"], "llama.cpp, low-rank LM head": c["ms_lowrank"]})
 
 
-def main():
-    parts = []
+def render() -> str:
+    """The Results block, markers included."""
+    benches = sorted((ROOT / "results").glob("bench-*.json"))
+    parts = [summary_table(benches)]
     for p in sorted((ROOT / "results").glob("export-target-*.json")):
         parts.append(export_table(p))
     for p in sorted((ROOT / "results").glob("lowrank-basis-*.json")):
         parts.append(lowrank_basis_table(p))
     for p in sorted((ROOT / "results").glob("export-onnx-target-*.json")):
         parts.append(onnx_target_table(p))
-    for p in sorted((ROOT / "results").glob("bench-*.json")):
+    for p in benches:
         parts.append(bench_table(p))
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):
         r = json.loads(p.read_text())
@@ -110,6 +165,9 @@ def main():
                      + " ".join(f"{a:.3f}" for a in r["acceptance_by_position"])
                      + "; expected accepted drafts for k = 1..8: "
                      + " ".join(f"{v:.2f}" for v in r["expected_accepted"].values()))
+    fq = ROOT / "results" / "feature-quant-error.json"
+    if fq.exists():
+        parts.append(feature_error_table(fq))
     abl = ROOT / "results" / "ablation-storage.json"
     if abl.exists():
         r = json.loads(abl.read_text())
@@ -160,16 +218,25 @@ def main():
                            "each checked against the trained torch head on held-out hidden states:",
                            ["file", "runtime", "MB", "top-1 agreement", "max logit error", "ms/draft step",
                             "shipped"], rows))
-    block = BEGIN + "\n" + "\n\n".join(parts) + "\n" + END
+    return BEGIN + "\n" + "\n\n".join(parts) + "\n" + END
+
+
+def main(argv: list[str]) -> int:
     readme = ROOT / "README.md"
     text = readme.read_text()
-    if BEGIN in text:
-        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    else:
-        text = text.replace("RESULTS_TABLES", block)
-    readme.write_text(text)
-    print(block)
+    if BEGIN not in text or END not in text:
+        print(f"{readme}: no {BEGIN} ... {END} block", file=sys.stderr)
+        return 2
+    new = text[:text.index(BEGIN)] + render() + text[text.index(END) + len(END):]
+    if "--check" in argv:
+        if new != text:
+            print("README.md's Results block is not what scripts/results_table.py writes; run it",
+                  file=sys.stderr)
+            return 1
+        return 0
+    readme.write_text(new)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -12,13 +12,13 @@ mkdir -p "$out"
 [ -f "$out/prompts.jsonl" ] || .venv/bin/python - "$out/prompts.jsonl" <<'PY'
 import json, sys, sysconfig
 from pathlib import Path
-from edgespec.training.data import _split
+from edgespec.training.data import split_of
 from edgespec.io import atomic_write_text
 root = Path(sysconfig.get_paths()["stdlib"])
 rows = []
 for p in sorted(root.glob("*.py")):
     text = p.read_text(encoding="utf-8", errors="replace")
-    if _split(p.name) == "train" and len(text) >= 6000:
+    if split_of(p.name) == "train" and len(text) >= 6000:
         rows.append(json.dumps({"prompt": text[:6000], "kind": "code", "source": p.name}))
 atomic_write_text(sys.argv[1], "\n".join(rows) + "\n")
 PY

@@ -82,7 +82,7 @@ def test_generate_gemma_json():
 
 @pytest.mark.integration
 def test_heads_are_checked_against_their_target(tmp_path):
-    from edgespec.runtime.drafters import HEADS_DIR
+    from edgespec.runtime.assets import HEADS_DIR
 
     for ext in ("gguf", "onnx"):
         gemma_head = next(HEADS_DIR.glob(f"gemma3-270m/*.{ext}"))
@@ -100,8 +100,12 @@ def test_generate_with_default_head_and_bench(tmp_path):
                    "--max-tokens", "12", "--draft", "default", "--compare", "--json")
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
-    assert d["tokens"] == 12 and d["mean_accepted"] >= 1.0 and "speedup" in d
-    assert d["draft"].endswith(".onnx+lookup") and d["draft_policy"] == "cost"
+    assert d["tokens"] == 12 and d["draft"].endswith(".onnx+lookup") and d["draft_policy"] == "cost"
+    # every pass emits its accepted drafts plus one token of the target's own
+    assert d["tokens"] == d["accepted"] + d["verify_passes"]
+    assert d["mean_accepted"] == pytest.approx(d["tokens"] / d["verify_passes"], abs=1e-4)
+    assert d["speedup"] == pytest.approx(d["tokens_per_s"] / d["target_only_tokens_per_s"], rel=1e-2)
+    assert isinstance(d["same_as_target"], bool) and "rank-256 search" in d["lm_head"]
     out = tmp_path / "b.json"
     res = edgespec("bench", "--target", "gemma3-270m", "--limit", "2", "--max-new-tokens", "8",
                    "--baseline", "gemma3-270m", "--json", str(out))
@@ -109,11 +113,22 @@ def test_generate_with_default_head_and_bench(tmp_path):
     rep = json.loads(out.read_text())
     # the low-rank LM head is on by default: "target" is plain llama.cpp on the same file (every
     # speedup's reference), "target:lowrank" the same engine as the drafters without drafting
-    assert list(rep["methods"]) == ["target", "target:lowrank", "lookup", "edgespec", "baseline"]
-    assert rep["memory"]["peak_includes_plain_target"] and "rank-256 search" in rep["target"]["lm_head_type"]
+    assert list(rep["methods"]) == ["target", "target:lowrank", "lookup", "lookup:fixed", "edgespec",
+                                    "baseline"]
+    pol = {m["name"]: m["policy"] for m in rep["settings"]["methods"]}
+    assert pol["lookup"] == pol["edgespec"] == "cost" and pol["lookup:fixed"] == "fixed"
+    assert "rank-256 search" in rep["target"]["lm_head_type"]
+    mem = rep["memory"]  # each configuration in its own process, against plain llama.cpp's
+    assert mem["plain_llama_cpp_peak_rss_mb"] > 100
+    assert set(mem["methods"]) == {"target:lowrank", "lookup", "lookup:fixed", "edgespec"}
+    assert mem["methods"]["lookup"] == mem["methods"]["lookup:fixed"]  # one configuration
+    assert mem["methods"]["edgespec"]["peak_rss_mb"] > mem["plain_llama_cpp_peak_rss_mb"]
     assert rep["methods"]["edgespec"]["speedup_vs_baseline"] > 0 and "vs baseline" in res.stdout
     assert rep["methods"]["baseline"]["same_as_target_share"] == 1.0  # the same file, greedy
     assert rep["methods"]["target"]["tokens"] == 16 and rep["machine"]["threads"] >= 1
+    assert all(m["speedup_total"] > 0 for m in rep["methods"].values())
+    assert_usage_error(edgespec("bench", "--target", "gemma3-270m", "--limit", "1", "--json", str(out)),
+                       "never overwritten")
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"oops": 1}\n')
     assert_usage_error(edgespec("bench", "--target", "gemma3-270m", "--prompts", str(bad)), "p.jsonl:2")

@@ -96,7 +96,7 @@ def _rollback_kls(llama, fresh, ids, start, steps, rng, stale_once=False):
 def test_rollback_past_sliding_window_matches_fresh_decode(llama):
     """Past the 512-token window, many rollbacks: logits match a fresh decode of the prefix.
 
-    Batched and single-token decodes differ a little in llama.cpp (NOTES), so the check is on
+    Batched and single-token decodes differ a little in llama.cpp, so the check is on
     KL divergence; one stale token left in the cache (the negative control) is caught.
     """
     from edgespec.runtime.llama_target import LlamaTarget

@@ -18,10 +18,17 @@ def test_smollm2_spec_chat_and_generation():
     assert "<|im_start|>user\nName a colour.<|im_end|>" in prompt
     assert prompt.rstrip().endswith("<|im_start|>assistant")
     engine = LlamaTarget("smollm2-135m", n_ctx=512)
+    assert engine.lowrank is None and engine.draft_k == 3  # no basis ships for it
     res = generate(engine, prompt, max_tokens=12)
-    assert res.stats.tokens >= 1 and res.text.strip()
-    lookup = generate(engine, prompt, max_tokens=12, draft="lookup")
-    assert lookup.stats.tokens >= 1
+    st = res.stats
+    assert st.verify_passes == st.tokens and res.text.strip()  # one token a pass
+    assert st.tokens == 12 or (st.finish_reason == "stop" and engine.is_eog(res.token_ids[-1]))
+    assert res.text == engine.detokenize([t for t in res.token_ids if not engine.is_eog(t)])
+    lookup = generate(engine, prompt, max_tokens=12, draft="lookup", policy="fixed", k=3)
+    ls = lookup.stats
+    assert ls.tokens == ls.accepted + ls.verify_passes and ls.tokens == st.tokens
+    # greedy tokens agree until llama.cpp's batch numerics flip a near-tie (never the first)
+    assert lookup.token_ids[0] == res.token_ids[0]
 
 
 def test_chat_cli_session_commands():
@@ -50,9 +57,17 @@ def test_chat_data_cuts_long_prompts_to_fit_the_context(tmp_path):
     cfg = DataConfig(n_prompts=2, prompt_tokens=8, new_tokens=8, sample_share=0.0, chat=True)
     make_data("smollm2-135m", [str(src)], tmp_path / "d", cfg)
     _, samples = read_data(tmp_path / "d")
-    budget = cfg.prompt_tokens + cfg.new_tokens + 64 - cfg.new_tokens - 8
-    assert len(samples) == 2 and all(s["prompt_len"] <= budget for s in samples)
-    assert max(s["prompt_len"] for s in samples) > 30  # the long one kept what fits
+    assert len(samples) == 2
+    long_sample = max(samples, key=lambda s: s["prompt_len"])
+    from edgespec.runtime.chat import render_chat
+    from edgespec.runtime.llama_target import LlamaTarget
+
+    eng = LlamaTarget("smollm2-135m", n_ctx=512)
+    full = eng.tokenize(render_chat(eng.spec, [{"role": "user", "content": long[:600]}]))
+    assert 30 < long_sample["prompt_len"] < len(full)  # cut, but it kept what fits
+    for s in samples:  # every sample got its new tokens (or ended at end of generation)
+        new = s["tokens"][s["prompt_len"]:]
+        assert len(new) == cfg.new_tokens or eng.is_eog(new[-1])
 
 
 @pytest.fixture(scope="module")

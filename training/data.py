@@ -42,7 +42,7 @@ class DataConfig:
     chat: bool = False  # wrap prompts in the target's chat template (chat models)
 
 
-def _split(path: str) -> str:
+def split_of(path: str) -> str:
     return "heldout" if int(hashlib.sha256(path.encode()).hexdigest(), 16) % 10 == 0 else "train"
 
 
@@ -54,7 +54,7 @@ def stdlib_passages(split: str = "train", min_chars: int = 200) -> list[dict]:
     out = []
     for p in files:
         rel = str(p.relative_to(root))
-        if _split(rel) != split:
+        if split_of(rel) != split:
             continue
         try:
             src = p.read_text(encoding="utf-8")

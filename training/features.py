@@ -12,15 +12,14 @@ plus `manifest.json` (target fingerprint, dtype, group size, counts, sha256 per 
 token). Before int8/int4 quantization each vector is divided by per-channel scales (the square
 root of each channel's RMS over the first shard, kept in the manifest) and turned by an
 orthonormal DCT-II: the target's few huge outlier channels then no longer set the scale of their
-whole group. On Gemma 3 270M this cuts the int4 error of the teacher distribution 6.5x (KL
-0.122 -> 0.019, scripts/feature_quant_error.py) at the same bytes per token; `--transform none`
+whole group, which cuts the int4 error of the teacher distribution at the same bytes per token
+(`scripts/feature_quant_error.py` measures it, results/feature-quant-error.json); `--transform none`
 turns it off. Shards are written atomically; a killed run resumes at the next unwritten shard.
 Reading is memory-mapped and checks each shard's checksum once.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.cache import sha256_file
 from edgespec.errors import EdgespecError
 from edgespec.io import atomic_write, atomic_write_text, progress, read_json
 
@@ -124,14 +124,6 @@ class ExtractConfig:
     transform: str = "dct"  # int8/int4: channel scales + DCT before quantizing ("none": off)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def sample_hidden(engine, tokens: list[int]) -> np.ndarray:
     """The target's final hidden state at every position of `tokens`: [T, E] float32 (read
     before the LM head where the engine can: llama.cpp's logits are then never computed)."""
@@ -203,7 +195,7 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
         name = f"features-{len(manifest['shards']):05d}.safetensors"
         atomic_write(out / name, lambda tmp: save_file(arrays, tmp))
         manifest["shards"].append({"file": name, "samples": len(chunk), "tokens": len(toks),
-                                   "sha256": _sha256(out / name)})
+                                   "sha256": sha256_file(out / name)})
         atomic_write_text(man_path, json.dumps(manifest, indent=1))
     bar.close()
     n_tok = sum(s["tokens"] for s in manifest["shards"])
@@ -282,7 +274,7 @@ class Features(_Samples):
             path = folder / s["file"]
             if not path.exists():
                 raise EdgespecError(f"{path}: shard missing; run `edgespec extract` again")
-            if verify and _sha256(path) != s["sha256"]:
+            if verify and sha256_file(path) != s["sha256"]:
                 raise EdgespecError(f"{path}: checksum mismatch (corrupt or truncated shard); "
                                     "delete it and its manifest entry, then extract again")
             try:
@@ -380,7 +372,7 @@ def requantize(src: str | Path, out: str | Path, dtype: str, group_size: int = 3
         arrays = codec.encode(hidden)
         arrays["tokens"], arrays["seq"] = f.get_tensor("tokens"), f.get_tensor("seq")
         atomic_write(out / s["file"], lambda tmp: save_file(arrays, tmp))
-        m["shards"].append(dict(s, sha256=_sha256(out / s["file"])))
+        m["shards"].append(dict(s, sha256=sha256_file(out / s["file"])))
     size = sum((out / s["file"]).stat().st_size for s in m["shards"])
     m.update(bytes=size, bytes_per_token=round(size / max(m["tokens"], 1), 2))
     atomic_write_text(out / "manifest.json", json.dumps(m, indent=1))

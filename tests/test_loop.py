@@ -1,0 +1,149 @@
+"""The decode loop with the real drafters and the cost policy inside it, on the mock target:
+the trained-head drafter (numpy head from a checkpoint), the mixed head + lookup drafter,
+greedy and sampled, and the cost policy's probes and trimming as the loop applies them."""
+
+import numpy as np
+import pytest
+
+from edgespec.runtime.decoding import Draft, Generation
+from edgespec.runtime.drafters import HeadDrafter, MixedDrafter, PromptLookup
+from edgespec.runtime.formats import HeadConfig
+from edgespec.runtime.policies import CostAware, FixedK
+from edgespec.runtime.sampling import SamplingParams, probs
+from edgespec.targets import load_target_spec
+from mock import MockTarget, NoisyOracle, write_numpy_checkpoint
+from test_targets import write_tiny_gguf
+
+N_EMBD = 32
+
+
+@pytest.fixture(scope="module")
+def head_ckpt(tmp_path_factory):
+    """A tiny target GGUF (its embedding rows feed the head) and a random head trained for it."""
+    tmp = tmp_path_factory.mktemp("loop")
+    vocab = ("<pad>", "<eos>", "<bos>", *(f"t{i}" for i in range(61)))
+    spec = load_target_spec(write_tiny_gguf(tmp / "t.gguf", vocab=vocab, n_embd=N_EMBD))
+    c = HeadConfig(n_embd=N_EMBD, n_draft_vocab=12, n_head=2, n_head_kv=1, head_dim=8, n_ff=32,
+                   layer_types=["sliding", "global"], sliding_window=8, embed_scale=2.0)
+    ckpt = write_numpy_checkpoint(tmp / "head", c, spec.tokenizer_fingerprint, np.arange(12))
+    c.n_draft_vocab = 6  # for the 6-token mock of the distribution tests
+    small = write_numpy_checkpoint(tmp / "head6", c, spec.tokenizer_fingerprint, np.arange(6))
+    return spec, ckpt, small
+
+
+def plain_greedy(t: MockTarget, prompt, n):
+    ctx = list(prompt)
+    for _ in range(n):
+        ctx.append(int(np.argmax(t.logits_after(ctx))))
+    return ctx[len(prompt):]
+
+
+def counting_resets(drafter):
+    """Count resets of the head's own KV cache: one per generation means it stayed complete."""
+    head = drafter.head if isinstance(drafter, HeadDrafter) else drafter.head.head
+    calls = []
+    inner = head.reset
+    head.reset = lambda: (calls.append(1), inner())[1]
+    return calls
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_head_drafters_in_the_loop_are_lossless_and_feed_every_row(head_ckpt, mixed):
+    spec, ckpt, _ = head_ckpt
+    t = MockTarget(vocab=12, seed=4, n_embd=N_EMBD)
+    head = HeadDrafter(ckpt, spec)
+    drafter = MixedDrafter(head, PromptLookup()) if mixed else head
+    resets = counting_resets(drafter)
+    prompt = [1, 2, 3, 4, 5]
+    g = Generation(t, prompt, SamplingParams(), max_tokens=60, drafter=drafter, policy=FixedK(3))
+    got = [tok for tok, _ in g]
+    assert got == plain_greedy(t, prompt, 60)
+    st = g.stats
+    assert st.drafted > 0 and st.tokens == st.accepted + st.verify_passes
+    assert len(resets) == 1  # only the generation's own reset: no row was ever skipped
+    if mixed:  # greedy mock text repeats: lookup drafts are accepted far more than chance
+        assert st.accepted / st.drafted > 0.3
+
+
+def test_head_drafter_sampling_keeps_target_distribution(head_ckpt):
+    """Real drafters propose one-hot drafts (q = None): the rejection rule with q = 1 must keep
+    the target's joint distribution of the first two tokens (chi-square)."""
+    spec, _, ckpt = head_ckpt
+    drafter = HeadDrafter(ckpt, spec)
+    sp_kw = {"temperature": 1.0}
+    n, counts = 3000, {}
+    for seed in range(n):
+        t = MockTarget(vocab=6, seed=11, sharp=1.0, n_embd=N_EMBD)
+        g = Generation(t, [1, 2], SamplingParams(seed=seed, **sp_kw), max_tokens=2, drafter=drafter,
+                       policy=FixedK(2))
+        key = tuple(tok for tok, _ in g)
+        counts[key] = counts.get(key, 0) + 1
+    assert_joint_law(counts, n, sp_kw)
+
+
+def assert_joint_law(counts, n, sp_kw):
+    t = MockTarget(vocab=6, seed=11, sharp=1.0)
+    sp = SamplingParams(**sp_kw)
+    p1 = probs(t.logits_after([1, 2]), sp)
+    expected = {(a, b): n * p1[a] * probs(t.logits_after([1, 2, a]), sp)[b]
+                for a in range(6) for b in range(6)}
+    assert set(counts) <= {c for c, e in expected.items() if e > 0}
+    cells = [(counts.get(c, 0), e) for c, e in expected.items() if e >= 5]
+    chi2 = sum((o - e) ** 2 / e for o, e in cells)
+    dof = len(cells) - 1
+    assert chi2 < dof + 4.5 * np.sqrt(2 * dof), (chi2, dof)
+
+
+@pytest.mark.parametrize("err", [0.5, 1.0])
+def test_one_hot_drafts_keep_target_distribution(err):
+    """NoisyOracle drafts one-hot (q = None), right or wrong, from its own random stream:
+    accepting with p(d) and resampling from p without d keeps the target's law for any such q."""
+    sp_kw = {"temperature": 0.8, "top_k": 5}
+    n, counts = 3000, {}
+    for seed in range(n):
+        t = MockTarget(vocab=6, seed=11, sharp=1.0)
+        g = Generation(t, [1, 2], SamplingParams(seed=seed, **sp_kw), max_tokens=2,
+                       drafter=NoisyOracle(t, err=err, seed=10**6 + seed), policy=FixedK(2))
+        key = tuple(tok for tok, _ in g)
+        counts[key] = counts.get(key, 0) + 1
+    assert_joint_law(counts, n, sp_kw)
+
+
+def test_cost_policy_in_the_loop_probes_when_drafting_does_not_pay():
+    """Dear verification and wrong drafts: the loop verifies target-only passes, with a whole
+    untrimmed draft every `probe_every` passes so the estimates can recover."""
+    t = MockTarget(seed=2)
+    policy = CostAware(4, [0.010, 0.020, 0.030, 0.040, 0.050], draft_step_s=0.002, prior=0.5,
+                       probe_every=8)
+    g = Generation(t, [1, 2, 3], SamplingParams(), max_tokens=80, drafter=NoisyOracle(t, err=1.0),
+                   policy=policy)
+    got = [tok for tok, _ in g]
+    assert got == plain_greedy(t, [1, 2, 3], 80)
+    st = g.stats
+    probes = st.drafted_at[0]  # passes that verified any draft
+    assert 1 <= probes <= st.verify_passes // 8 + 1
+    assert st.drafted == 4 * probes  # probes are verified whole
+
+
+def test_cost_policy_in_the_loop_drafts_fully_when_it_pays_and_trims_by_confidence():
+    t = MockTarget(seed=3)
+    cheap = [0.010, 0.0101, 0.0102, 0.0103, 0.0104]
+    g = Generation(t, [1, 2], SamplingParams(), max_tokens=60, drafter=NoisyOracle(t, err=0.0),
+                   policy=CostAware(4, cheap, draft_step_s=1e-5))
+    assert [tok for tok, _ in g] == plain_greedy(t, [1, 2], 60)
+    assert g.stats.mean_accepted > 4  # perfect drafts, verified whole: k + 1 per pass
+
+    class Unsure(NoisyOracle):
+        """Perfect drafts whose confidence collapses after the second token."""
+
+        def propose(self, context, hidden, k, p_min=0.0):
+            d = super().propose(context, hidden, k, p_min)
+            return Draft(d.tokens, conf=[0.95, 0.95, 0.01, 0.01][:len(d.tokens)], source="head")
+
+    t = MockTarget(seed=3)
+    g = Generation(t, [1, 2], SamplingParams(), max_tokens=60, drafter=Unsure(t, err=0.0),
+                   policy=CostAware(4, cheap, draft_step_s=1e-5))
+    assert [tok for tok, _ in g] == plain_greedy(t, [1, 2], 60)
+    st = g.stats
+    assert len(st.drafted_at) == 2  # never more than the two confident drafts verified
+    assert st.draft_steps > st.drafted  # the trimmed ones were computed, not verified

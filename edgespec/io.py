@@ -39,6 +39,18 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
+def write_result(folder: str | Path, stem: str, doc: dict) -> Path:
+    """Results are append-only: write `doc` to folder/stem.json, or to stem-run2.json, -run3 ...
+    where earlier runs already stand; returns the path written."""
+    folder = Path(folder)
+    path, n = folder / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{stem}-run{n}.json"
+    atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+    return path
+
+
 def read_json(path: str | Path) -> dict:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))

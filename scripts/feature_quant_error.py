@@ -2,7 +2,7 @@
 and compare the target's distribution over the draft vocabulary (logits = h @ embedding rows).
 
     .venv/bin/python scripts/feature_quant_error.py runs/gemma/feat-fp16 runs/gemma/head-muon
-Writes results/feature-quant-error.json (KL to the fp16 teacher, top-1 agreement, relative error).
+Writes results/feature-quant-error.json (a new -runN file where one stands) (KL to the fp16 teacher, top-1 agreement, relative error).
 """
 
 import json
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 from edgespec.training.features import Codec, Features, make_transform
-from edgespec.io import atomic_write_text
+from edgespec.io import write_result
 from edgespec.targets import embedding_rows
 from edgespec.training.train import checkpoint_target, load_checkpoint
 
@@ -48,7 +48,7 @@ def main(feats_dir: str, ckpt: str, n_samples: int = 10) -> None:
         print(out[-1])
     doc = {"features": feats_dir, "head": ckpt, "tokens": len(h), "draft_vocab": len(rows), "rows": out,
            "note": "channel scales fitted on the first shard, error measured on samples after it"}
-    atomic_write_text("results/feature-quant-error.json", json.dumps(doc, indent=1) + "\n")
+    print("wrote", write_result("results", "feature-quant-error", doc))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ for o in adamw muon; do
 done
 .venv/bin/python - "$out" "$steps" <<'PY'
 import json, sys
-from edgespec.io import atomic_write_text
+from edgespec.io import write_result
 out, steps = sys.argv[1], int(sys.argv[2])
 rows = {}
 for o in ("adamw", "muon"):
@@ -24,6 +24,6 @@ for o in ("adamw", "muon"):
                "expected_accepted": e["expected_accepted"],
                "acceptance_by_position": e["acceptance_by_position"]}
 doc = {"steps": steps, "features": "int4", "eval_features": "fp16 held-out", "rows": rows}
-atomic_write_text("results/ablation-optimizer.json", json.dumps(doc, indent=1) + "\n")
+print("wrote", write_result("results", "ablation-optimizer", doc))
 print(json.dumps(doc, indent=1))
 PY

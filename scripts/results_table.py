@@ -165,11 +165,9 @@ def render() -> str:
                      + " ".join(f"{a:.3f}" for a in r["acceptance_by_position"])
                      + "; expected accepted drafts for k = 1..8: "
                      + " ".join(f"{v:.2f}" for v in r["expected_accepted"].values()))
-    fq = ROOT / "results" / "feature-quant-error.json"
-    if fq.exists():
+    for fq in sorted((ROOT / "results").glob("feature-quant-error*.json")):
         parts.append(feature_error_table(fq))
-    abl = ROOT / "results" / "ablation-storage.json"
-    if abl.exists():
+    for abl in sorted((ROOT / "results").glob("ablation-storage*.json")):
         r = json.loads(abl.read_text())
         base = r["rows"]["fp16"]
         rows = []
@@ -179,24 +177,22 @@ def render() -> str:
                          f"{base['bytes_per_token'] / row['bytes_per_token']:.2f}x smaller",
                          *(f"{e[k]:.3f}" for k in "1248"),
                          f"{e['4'] / base['expected_accepted']['4'] - 1:+.1%}"])
-        parts.append(table("Storage ablation (`results/ablation-storage.json`, `scripts/storage_ablation.sh`): "
+        parts.append(table(f"Storage ablation (`{abl.relative_to(ROOT)}`, `scripts/storage_ablation.sh`): "
                            f"same data, {r['steps']} training steps each, evaluated on the same held-out fp16 "
                            "features.", ["hidden states", "transform", "bytes/token", "vs fp16",
                                          "expected accepted, k=1", "k=2", "k=4", "k=8", "k=4 vs fp16"], rows))
-    opt = ROOT / "results" / "ablation-optimizer.json"
-    if opt.exists():
+    for opt in sorted((ROOT / "results").glob("ablation-optimizer*.json")):
         r = json.loads(opt.read_text())
         rows = []
         for o, row in r["rows"].items():
             e = row["expected_accepted"]
             rows.append([o, row["lr"], f"{row['final_loss']:.3f}", *(f"{e[k]:.3f}" for k in "1248"),
                          " ".join(f"{a:.2f}" for a in row["acceptance_by_position"][:4]), f"{row['seconds']:.0f}"])
-        parts.append(table("Optimizer ablation (`results/ablation-optimizer.json`, `scripts/optimizer_ablation.sh`): "
+        parts.append(table(f"Optimizer ablation (`{opt.relative_to(ROOT)}`, `scripts/optimizer_ablation.sh`): "
                            f"same int4 features, seed and {r['steps']} steps, evaluated on held-out fp16 features.",
                            ["optimizer", "lr", "final loss", "expected accepted, k=1", "k=2", "k=4", "k=8",
                             "acceptance by position 1-4", "train s"], rows))
-    win = ROOT / "results" / "ablation-window.json"
-    if win.exists():
+    for win in sorted((ROOT / "results").glob("ablation-window*.json")):
         r = json.loads(win.read_text())
         rows = []
         for row in r["rows"].values():
@@ -204,7 +200,7 @@ def render() -> str:
             rows.append([", ".join(row["layer_types"]), a["positions"],
                          *(f"{a['expected_accepted'][k]:.3f}" for k in "124"), w["positions"],
                          *(f"{w['expected_accepted'][k]:.3f}" for k in "124"), f"{row['seconds']:.0f}"])
-        parts.append(table("Sliding vs global head attention (`results/ablation-window.json`, "
+        parts.append(table(f"Sliding vs global head attention (`{win.relative_to(ROOT)}`, "
                            f"`scripts/window_ablation.sh`): {r['note']}; {r['steps']} steps, batch {r['batch']} x "
                            f"{r['seq_len']} positions, same seed.",
                            ["head layers", "chain starts", "expected accepted, k=1", "k=2", "k=4",

@@ -19,12 +19,12 @@ done
 .venv/bin/python - "$target" "$work" $ship <<'PY'
 import json, shutil, sys
 from pathlib import Path
-from edgespec.io import atomic_write_text
+from edgespec.io import atomic_write_text, write_result
 target, work, ship = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
 reports = [json.loads(p.read_text()) for p in sorted(work.glob("head-*.json"))]
 for r in reports:
     r["shipped"] = Path(r["out"]).name in ship
-atomic_write_text(f"results/export-head-{target}.json", json.dumps({"target": target, "exports": reports}, indent=1) + "\n")
+print("wrote", write_result("results", f"export-head-{target}", {"target": target, "exports": reports}))
 dest = Path("runtime/heads") / target
 if dest.exists():
     shutil.rmtree(dest)

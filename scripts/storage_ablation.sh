@@ -19,7 +19,7 @@ for d in fp16 int8-dct int4-dct int4-plain; do
 done
 .venv/bin/python - "$out" "$steps" <<'PY'
 import json, sys
-from edgespec.io import atomic_write_text
+from edgespec.io import write_result
 out, steps = sys.argv[1], int(sys.argv[2])
 rows = {}
 for d in ("fp16", "int8-dct", "int4-dct", "int4-plain"):
@@ -33,6 +33,6 @@ doc = {"steps": steps, "rows": rows,
                "(group 32); heads: Muon, batch 4x96, unroll 4, draft vocab 4096; eval-head on the fp16 "
                "held-out features",
        "machine": "AMD EPYC, 2 cores, torch 2.13.0 CPU"}
-atomic_write_text("results/ablation-storage.json", json.dumps(doc, indent=1) + "\n")
+print("wrote", write_result("results", "ablation-storage", doc))
 print(json.dumps(doc, indent=1))
 PY

@@ -36,7 +36,7 @@ for lt in sliding,sliding global,global; do
 done
 .venv/bin/python - "$out" "$steps" <<'PY'
 import json, sys
-from edgespec.io import atomic_write_text
+from edgespec.io import write_result
 out, steps = sys.argv[1], int(sys.argv[2])
 rows = {}
 for lt in ("sliding-sliding", "global-global"):
@@ -49,6 +49,6 @@ doc = {"steps": steps, "batch": 2, "seq_len": 640, "rows": rows,
        "note": "stdlib modules cut to 768 tokens + 64 target tokens (greedy), int4 features; "
                "eval on held-out samples of the same data",
        "machine": "AMD EPYC, 2 cores, torch 2.13.0 CPU"}
-atomic_write_text("results/ablation-window.json", json.dumps(doc, indent=1))
+print("wrote", write_result("results", "ablation-window", doc))
 print(json.dumps(doc, indent=1))
 PY

@@ -164,3 +164,12 @@ def test_reports_are_append_only(tmp_path):
     with pytest.raises(EdgespecError, match="never overwritten"):
         write_report({"a": 2}, out)
     assert json.loads(out.read_text()) == {"a": 1}
+
+
+def test_scripts_write_results_to_new_files(tmp_path):
+    from edgespec.io import write_result
+
+    a = write_result(tmp_path, "ablation-x", {"run": 1})
+    b = write_result(tmp_path, "ablation-x", {"run": 2})
+    assert (a.name, b.name) == ("ablation-x.json", "ablation-x-run2.json")
+    assert json.loads(a.read_text()) == {"run": 1} and json.loads(b.read_text()) == {"run": 2}

@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except EdgespecError as e:
-        print(f"edgespec: error: {e}", file=sys.stderr)
+        print(f"edgespec: error: {' '.join(str(e).split())}", file=sys.stderr)  # always one line
         return e.exit_code
     except KeyboardInterrupt:
         print("edgespec: interrupted", file=sys.stderr)

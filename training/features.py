@@ -249,6 +249,36 @@ def features_source(target, features: str | Path | None, data: str | Path | None
     return OnlineFeatures(target, data, cache_mb=cache_mb)
 
 
+def check_manifest(path: Path, m: dict) -> None:
+    """Every field a features manifest is read for, of the right type and range."""
+    def bad(what: str) -> EdgespecError:
+        return EdgespecError(f"{path}: invalid features manifest ({what}); extract again")
+
+    def count(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 40
+
+    if m.get("dtype") not in DTYPES:
+        raise bad(f"dtype {m.get('dtype')!r}")
+    e, g = m.get("n_embd"), m.get("group_size")
+    if not count(e) or not e or not count(g) or not g or (m["dtype"] != "fp16" and e % g):
+        raise bad(f"n_embd {e!r}, group_size {g!r}")
+    if not isinstance(m.get("target_fingerprint"), str):
+        raise bad("target fingerprint")
+    t = m.get("transform")
+    if t is not None and not (isinstance(t, dict) and t.get("kind") in ("none", "dct") and (
+            t["kind"] == "none" or (isinstance(t.get("channel_scale"), list) and len(t["channel_scale"]) == e
+                                    and all(isinstance(x, (int, float)) and x > 0 for x in t["channel_scale"])))):
+        raise bad("transform")
+    shards = m.get("shards")
+    if not isinstance(shards, list) or not shards:
+        raise bad("no shards")
+    for sh in shards:
+        if not (isinstance(sh, dict) and isinstance(sh.get("file"), str) and Path(sh["file"]).name == sh["file"]
+                and sh["file"] and isinstance(sh.get("sha256"), str) and count(sh.get("samples"))
+                and count(sh.get("tokens"))):
+            raise bad(f"shard entry {sh!r:.60}")
+
+
 class Features(_Samples):
     """A memory-mapped view of a features folder: per sample, token ids and hidden states."""
 
@@ -260,9 +290,10 @@ class Features(_Samples):
         if not man_path.exists():
             raise EdgespecError(f"{folder}: no manifest.json; run `edgespec extract` first")
         self.manifest = m = read_json(man_path)
-        if not m.get("complete"):
+        if not isinstance(m, dict) or m.get("complete") is not True:
             raise EdgespecError(f"{folder}: extraction is incomplete; run `edgespec extract` again "
                                 "to resume")
+        check_manifest(man_path, m)
         self.dtype, self.group = m["dtype"], m["group_size"]
         self.codec = Codec(self.dtype, self.group, m.get("transform"))
         self.fingerprint, self.n_embd = m["target_fingerprint"], m["n_embd"]

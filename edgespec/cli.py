@@ -56,7 +56,7 @@ def _cmd_data(args) -> int:
 
     cfg = DataConfig(n_prompts=args.n_prompts, prompt_tokens=args.prompt_tokens,
                      new_tokens=args.new_tokens, sample_share=args.sample_share, seed=args.seed,
-                     chat=args.chat)
+                     chat=args.chat, shard_size=args.shard_size)
     m = make_data(args.target, args.prompts, args.out, cfg)
     print(json.dumps({k: m[k] for k in ("samples", "tokens", "target")}))
     return 0
@@ -66,7 +66,8 @@ def _cmd_extract(args) -> int:
     from edgespec.training.features import ExtractConfig, extract
 
     m = extract(args.target, args.data, args.out,
-                ExtractConfig(dtype=args.dtype, group_size=args.group_size, transform=args.transform))
+                ExtractConfig(dtype=args.dtype, group_size=args.group_size, transform=args.transform,
+                              shard_samples=args.shard_samples))
     print(json.dumps({k: m[k] for k in ("tokens", "dtype", "group_size", "bytes",
                                         "bytes_per_token", "tokens_per_s")}))
     return 0
@@ -78,7 +79,7 @@ def _cmd_train(args) -> int:
 
     cfg = TrainConfig(optimizer=args.optimizer, steps=args.steps, batch=args.batch,
                       n_steps=args.unroll, draft_vocab=args.draft_vocab, lr=args.lr,
-                      seed=args.seed, threads=args.threads or 0)
+                      seed=args.seed, threads=args.threads or 0, save_every=args.save_every)
     overrides = {}
     if args.layer_types:
         overrides["layer_types"] = args.layer_types.split(",")
@@ -412,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sample-share", type=float, default=0.5)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+    s.add_argument("--shard-size", type=_positive_int, default=50,
+                   help="samples per shard file (a killed run resumes after the last one)")
     s.set_defaults(func=_cmd_data)
 
     s = sub.add_parser("extract", help="store the target's hidden states for the data")
@@ -422,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--group-size", type=_positive_int, default=32)
     s.add_argument("--transform", default="dct", choices=["dct", "none"],
                    help="int8/int4: channel scales + DCT before quantizing (default dct)")
+    s.add_argument("--shard-samples", type=_positive_int, default=100,
+                   help="samples per shard file (a killed run resumes after the last one)")
     s.set_defaults(func=_cmd_extract)
 
     s = sub.add_parser("train", help="train an MTP draft head on stored hidden states")
@@ -443,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--layer-types", default=None, help="e.g. sliding,global")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--save-every", type=_positive_int, default=250,
+                   help="steps between checkpoints (a killed run resumes from the last one)")
     s.add_argument("--resume", action="store_true")
     s.set_defaults(func=_cmd_train)
 

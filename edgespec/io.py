@@ -11,6 +11,14 @@ from pathlib import Path
 from edgespec.errors import EdgespecError
 
 
+def describe_error(e: BaseException) -> str:
+    """One line for an error from a writer: the OS's words where it has them."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 def atomic_write(path: str | Path, write) -> None:
     """Write via a temp file in the same folder, then rename: readers never see half a file.
 
@@ -28,8 +36,11 @@ def atomic_write(path: str | Path, write) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; finished files get normal modes
         os.replace(tmp, path)
-    except OSError as e:
-        raise EdgespecError(f"{path}: write failed ({e.strerror})") from None
+    except EdgespecError:
+        raise
+    except Exception as e:  # disk full and friends, raised by whichever library writes
+        raise EdgespecError(f"{path}: write failed ({describe_error(e)}); nothing was written "
+                            "there") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

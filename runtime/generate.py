@@ -77,6 +77,11 @@ def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,
     """
     if not prompt or not prompt.strip():
         raise EdgespecError("empty prompt: give some text with --prompt")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise EdgespecError(f"the prompt is not valid UTF-8 (undecodable bytes at character "
+                            f"{e.start}); pass UTF-8 text") from None
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = target if hasattr(target, "decode") else open_target(
         target, n_ctx=n_ctx, n_threads=n_threads, lm_head=lm_head_for(lm_head, sampling.greedy))

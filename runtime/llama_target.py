@@ -86,7 +86,11 @@ class LlamaVocab:
     def tokenize(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
         """Text -> token ids; `add_bos` defaults to what the GGUF file asks for."""
         add = self.spec.add_bos if add_bos is None else add_bos
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise EdgespecError(f"the text is not valid UTF-8 (undecodable bytes at character "
+                                f"{e.start}); pass UTF-8 text") from None
         cap = len(data) + 8
         buf = (lc.llama_token * cap)()
         n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add, special)
@@ -175,7 +179,15 @@ class LlamaTarget(LlamaVocab):
         self._embeddings_on = False
         self.tokens: list[int] = []  # tokens whose K/V sit in the cache, position = index
         self.n_redecodes = 0  # times a rollback had to re-decode because the SWA cache was short
-        self.lowrank_head = None if basis is None else LowRankHead(self.spec, basis, n_threads=self.n_threads)
+        self.lowrank_head = None
+        if basis is not None:
+            try:
+                self.lowrank_head = LowRankHead(self.spec, basis, n_threads=self.n_threads)
+            except EdgespecError as e:  # its cache cannot be built (disk full, read-only)
+                if lm_head != "auto":
+                    raise
+                print(f"edgespec: warning: {' '.join(str(e).split())}; decoding with llama.cpp's "
+                      "full LM head instead", file=sys.stderr)
         self.lowrank: LowRankInfo | None = self.lowrank_head.info if self.lowrank_head else None
         self.draft_k = 6 if self.lowrank else 3
 

@@ -14,9 +14,11 @@ class SamplingParams:
     temperature: float = 0.0  # 0 means greedy (argmax)
     top_k: int = 0  # 0 means no top-k cut
     top_p: float = 1.0  # nucleus mass kept; 1 keeps everything
-    seed: int | None = None
+    seed: int | None = None  # None or negative (llama.cpp's -1): a random seed
 
     def __post_init__(self):
+        if self.seed is not None and self.seed < 0:
+            self.seed = None
         if not np.isfinite(self.temperature) or self.temperature < 0:
             raise EdgespecError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:

@@ -2,10 +2,10 @@
 and compare the target's distribution over the draft vocabulary (logits = h @ embedding rows).
 
     .venv/bin/python scripts/feature_quant_error.py runs/gemma/feat-fp16 runs/gemma/head-muon
-Writes results/feature-quant-error.json (a new -runN file where one stands) (KL to the fp16 teacher, top-1 agreement, relative error).
+Writes results/feature-quant-error.json (KL to the fp16 teacher, top-1 agreement, relative error;
+a new -runN file where one stands).
 """
 
-import json
 import sys
 
 import numpy as np

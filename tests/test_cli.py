@@ -135,3 +135,34 @@ def test_generate_with_default_head_and_bench(tmp_path):
     assert_usage_error(edgespec("bench", "--target", "gemma3-270m", "--device", "toaster"), "unknown device")
     assert_usage_error(edgespec("bench", "--target", "gemma3-270m", "--baseline", "smollm2-135m",
                                 "--limit", "1"), "not a file of target")
+
+
+@pytest.mark.integration
+def test_bad_text_seed_and_cache_faults(tmp_path):
+    """A prompt that is not UTF-8 is a clear error; --seed -1 means random (llama.cpp's rule);
+    a cache that cannot be written falls back to llama.cpp's full LM head with a warning."""
+    import json
+    import os
+
+    res = subprocess.run([sys.executable, "-m", "edgespec", "generate", "--target", "gemma3-270m",
+                          "--prompt", b"caf\xe9 au lait", "--max-tokens", "2"], capture_output=True, text=True)
+    assert_usage_error(res, "not valid UTF-8")
+    res = edgespec("generate", "--target", "gemma3-270m", "--prompt", "Once upon a time", "--max-tokens",
+                   "4", "--temperature", "0.8", "--seed", "-1", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["tokens"] == 4
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    env = dict(os.environ, EDGESPEC_CACHE=str(blocker / "cache"))
+    res = subprocess.run([sys.executable, "-m", "edgespec", "generate", "--target", str(_gemma_path()),
+                          "--prompt", "The capital of France is", "--max-tokens", "4", "--json"],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "warning" in res.stderr and "full LM head instead" in res.stderr
+    assert json.loads(res.stdout)["lm_head"] == "Q8_0"  # no low-rank search
+
+
+def _gemma_path():
+    from edgespec.targets import resolve_target
+
+    return resolve_target("gemma3-270m")

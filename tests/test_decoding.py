@@ -135,3 +135,22 @@ def test_sampling_test_detects_a_biased_sampler():
     exp = 4000 * p1
     chi2 = float(((obs - exp) ** 2 / exp).sum())
     assert chi2 > 5 + 4.5 * np.sqrt(10)
+
+
+def test_negative_seed_means_random_as_in_llama_cpp():
+    assert SamplingParams(temperature=1.0, seed=-1).seed is None
+    t = MockTarget(vocab=6, seed=1, sharp=0.5)
+    runs = {tuple(run(t, [1, 2], 12, sp=SamplingParams(temperature=1.0, seed=-1))[0]) for _ in range(6)}
+    assert len(runs) > 1  # not one fixed stream
+
+
+def test_absurd_draft_length_is_capped():
+    import time
+
+    from edgespec.runtime.policies import MAX_DRAFT, make_policy
+
+    t = MockTarget()
+    t0 = time.perf_counter()
+    p = make_policy("cost", 1000, t)  # measures the verify cost only up to the cap
+    assert p.k == MAX_DRAFT and time.perf_counter() - t0 < 30
+    assert make_policy("fixed", 10**6, t).next_k() == MAX_DRAFT

@@ -5,7 +5,6 @@ A short hypothesis run here; named cases for the corruptions found by hand."""
 import json
 import os
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest

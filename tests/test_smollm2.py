@@ -124,6 +124,16 @@ def test_extract_int4_transform_resume_and_settings(tmp_path, smol_data):
     m2 = extract("smollm2-135m", d, tmp_path / "i4", ExtractConfig(dtype="int4", shard_samples=4))
     assert [s["sha256"] for s in m2["shards"]] == full and m2["complete"]
 
+    # a corrupt shard in a finished folder: reported, and the next extract makes it anew
+    shard = tmp_path / "i4" / m2["shards"][1]["file"]
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(EdgespecError, match="checksum mismatch"):
+        Features(tmp_path / "i4")
+    m3 = extract("smollm2-135m", d, tmp_path / "i4", ExtractConfig(dtype="int4", shard_samples=4))
+    assert [s["sha256"] for s in m3["shards"]] == full and len(Features(tmp_path / "i4")) == len(ref)
+
     with pytest.raises(EdgespecError, match="other settings"):
         extract("smollm2-135m", d, tmp_path / "i4", ExtractConfig(dtype="int4", shard_samples=4, transform="none"))
 
@@ -153,3 +163,39 @@ def test_online_training_matches_stored_features(tmp_path, smol_data):
     assert main(["train", "--target", "smollm2-135m", "--online", "--out", str(tmp_path / "x")]) == 2
     assert main(["train", "--target", "smollm2-135m", "--features", str(tmp_path / "f16"), "--online",
                  "--data", str(smol_data), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_kill_soak_data_and_extract_end_as_uninterrupted_runs(tmp_path, smol_data):
+    """`edgespec data` and `edgespec extract`, killed with SIGKILL at random moments and started
+    again, end with the same samples and the same shard bytes as uninterrupted runs."""
+    import json
+
+    from soak import kill_soak
+
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"prompt": f"Tell me about place number {i}, its rivers and roads."}) + "\n"
+                           for i in range(12)))
+    data = ["data", "--target", "smollm2-135m", "--prompts", str(src), "--n-prompts", "12",
+            "--prompt-tokens", "12", "--new-tokens", "24", "--shard-size", "2"]
+    kill_soak([*data, "--out", str(tmp_path / "d-whole")], kills=0, window=(0, 0))
+    shards = lambda d: len(json.loads((d / "manifest.json").read_text())["shards"]) \
+        if (d / "manifest.json").exists() else 0  # noqa: E731
+    done = kill_soak([*data, "--out", str(tmp_path / "d-soak")], kills=4, window=(1.5, 4.0), seed=1,
+                     progress=lambda: shards(tmp_path / "d-soak"),
+                     first_when=lambda: shards(tmp_path / "d-soak") >= 2)
+    assert any(0 < n < 6 for n in done), done  # killed in the middle at least once
+    read = lambda d: [json.loads(line) for f in sorted(d.glob("samples-*.jsonl"))  # noqa: E731
+                      for line in f.read_text().splitlines()]
+    assert read(tmp_path / "d-whole") == read(tmp_path / "d-soak") and len(read(tmp_path / "d-soak")) == 12
+
+    ext = ["extract", "--target", "smollm2-135m", "--data", str(smol_data), "--dtype", "int4",
+           "--shard-samples", "2"]
+    kill_soak([*ext, "--out", str(tmp_path / "f-whole")], kills=0, window=(0, 0))
+    done = kill_soak([*ext, "--out", str(tmp_path / "f-soak")], kills=4, window=(1.0, 2.5), seed=2,
+                     progress=lambda: shards(tmp_path / "f-soak"),
+                     first_when=lambda: shards(tmp_path / "f-soak") >= 2)
+    assert any(0 < n < 5 for n in done), done
+    man = lambda d: json.loads((d / "manifest.json").read_text())  # noqa: E731
+    whole, soaked = man(tmp_path / "f-whole"), man(tmp_path / "f-soak")
+    assert [s["sha256"] for s in whole["shards"]] == [s["sha256"] for s in soaked["shards"]]
+    assert soaked["complete"] and len(soaked["shards"]) == 5

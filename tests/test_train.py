@@ -164,3 +164,60 @@ def test_muon_orthogonalization_matches_torch():
     assert (ours - ref).abs().max() < 0.05 * ours.abs().max()
     s = torch.linalg.svdvals(ours)
     assert 0.5 < s.min() and s.max() < 1.5
+
+
+def test_unwritable_output_fails_before_training(tiny):
+    from edgespec.training.train import train
+
+    path, _, feats, tmp = tiny
+    blocker = tmp / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(EdgespecError, match="cannot write a checkpoint here"):
+        train(str(path), feats, blocker / "head", small_cfg(), head_overrides=HEAD,
+              log=lambda m: pytest.fail("training started"))
+
+
+def test_writes_that_fail_leave_nothing_and_say_why(tmp_path):
+    import errno
+
+    from edgespec.io import atomic_write
+
+    def disk_full(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def library_error(tmp):
+        raise RuntimeError("writer gave up\nsecond line")
+
+    for fn, msg in ((disk_full, r"write failed \(No space left on device\)"),
+                    (library_error, r"write failed \(RuntimeError: writer gave up second line\)")):
+        with pytest.raises(EdgespecError, match=msg):
+            atomic_write(tmp_path / "out.bin", fn)
+        assert list(tmp_path.iterdir()) == []  # no half file, no temp file
+
+
+def test_kill_soak_training_resumes_to_the_same_weights(tiny):
+    """`edgespec train --resume`, killed with SIGKILL at random moments and started again, ends
+    with the weights of an uninterrupted run, bit for bit (the state file carries the weights,
+    the optimizers and the batch stream of its step)."""
+    from safetensors.numpy import load_file
+
+    from soak import kill_soak
+
+    path, _, feats, tmp = tiny
+    args = ["train", "--target", str(path), "--features", str(feats), "--steps", "80", "--batch", "4",
+            "--seq-len", "16", "--unroll", "3", "--draft-vocab", "32", "--threads", "1",
+            "--layer-types", "sliding,global", "--resume"]
+    args += ["--save-every", "5"]
+    kill_soak([*args, "--out", str(tmp / "whole")], kills=0, window=(0, 0))
+
+    def saved_step():
+        state = tmp / "soaked" / "train_state.pt"
+        return torch.load(state, weights_only=False)["step"] if state.exists() else 0
+
+    steps = kill_soak([*args, "--out", str(tmp / "soaked")], kills=5, window=(2.5, 6.0), progress=saved_step,
+                      first_when=lambda: saved_step() >= 20)
+    assert any(0 < s < 80 for s in steps), steps  # at least one resume from the middle
+    a, b = load_file(str(tmp / "whole" / "model.safetensors")), load_file(str(tmp / "soaked" / "model.safetensors"))
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)

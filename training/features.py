@@ -21,6 +21,7 @@ Reading is memory-mapped and checks each shard's checksum once.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +173,7 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
                             "data": str(data), "shards": [], "complete": False,
                             "transform": {"kind": kind} if kind == "none" else None}
     codec = Codec(cfg.dtype, cfg.group_size, manifest["transform"])
+    manifest["shards"] = _intact_shards(out, manifest["shards"])
     start = sum(s["samples"] for s in manifest["shards"])
     t0, done_now = time.perf_counter(), 0
     bar = progress(total=sum(len(s["tokens"]) for s in samples), desc="extract", unit="tok",
@@ -206,6 +208,17 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
                     if done_now else manifest.get("tokens_per_s"))
     atomic_write_text(man_path, json.dumps(manifest, indent=1))
     return manifest
+
+
+def _intact_shards(out: Path, shards: list[dict]) -> list[dict]:
+    """The leading shards whose files exist with their recorded checksums: extraction goes on
+    (or starts again) after them, so a corrupt or missing shard is made anew."""
+    for i, sh in enumerate(shards):
+        f = out / sh["file"]
+        if not f.is_file() or sha256_file(f) != sh["sha256"]:
+            print(f"edgespec: {f} is missing or corrupt; extracting again from there", file=sys.stderr)
+            return shards[:i]
+    return shards
 
 
 def _transform_kind(manifest: dict) -> str:
@@ -307,7 +320,7 @@ class Features(_Samples):
                 raise EdgespecError(f"{path}: shard missing; run `edgespec extract` again")
             if verify and sha256_file(path) != s["sha256"]:
                 raise EdgespecError(f"{path}: checksum mismatch (corrupt or truncated shard); "
-                                    "delete it and its manifest entry, then extract again")
+                                    "run `edgespec extract` again to re-create it")
             try:
                 f = safe_open(str(path), framework="numpy")
                 toks, seq = f.get_tensor("tokens"), f.get_tensor("seq")

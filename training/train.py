@@ -181,6 +181,18 @@ def load_checkpoint(folder: str | Path) -> tuple[MTPHead, dict]:
     return head, meta
 
 
+def _check_writable(out: Path) -> None:
+    """Fail before training, not after it, when the checkpoint folder cannot be written."""
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        raise EdgespecError(f"{out}: cannot write a checkpoint here ({e.strerror})") from None
+
+
 def head_config_for(spec: TargetSpec, n_draft_vocab: int, **overrides) -> HeadConfig:
     """Default head for a target: its width, window, RoPE bases and norm epsilon."""
     c = HeadConfig(n_embd=spec.n_embd, n_draft_vocab=n_draft_vocab,
@@ -270,6 +282,7 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
         raise EdgespecError(f"{features}: too little data ({len(feats)} samples, "
                             f"{feats.n_tokens} tokens); make more with `edgespec data`")
     out = Path(out)
+    _check_writable(out)
     state_path = out / CKPT_STATE
     embed = embedding_rows(spec)
     if resume and state_path.exists():
@@ -278,6 +291,8 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
             raise EdgespecError(f"{out} is a head for another target")
         state = torch.load(state_path, weights_only=False)
         start, cfg = state["step"], TrainConfig.from_dict(state["config"])
+        if "head" in state:  # the state file is whole on its own: its weights go with its step
+            head.load_state_dict(state["head"])
         vocab = {"ids": meta["draft_vocab"]["ids"], "coverage": meta["draft_vocab"]["coverage"]}
     else:
         if out.exists() and (out / CKPT_CONFIG).exists() and not resume:
@@ -298,7 +313,10 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
     base_lrs = [[g["lr"] for g in o.param_groups] for o in opts]
     if state is not None:
         base_lrs = state["base_lrs"]
-    batcher = Batcher(feats, train_idx, cfg, embed, seed=cfg.seed + start)
+    batcher = Batcher(feats, train_idx, cfg, embed, seed=cfg.seed)
+    if state is not None and "batcher_rng" in state:  # a resumed run draws the batches it would have
+        batcher.rng.bit_generator.state = state["batcher_rng"]
+        torch.set_rng_state(state["torch_rng"])
     meta.update({
         "format": "edgespec-head", "version": 1, "target": spec.name, "target_path": spec.path,
         "target_fingerprint": spec.tokenizer_fingerprint, "target_arch": spec.arch,
@@ -342,7 +360,8 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
             save_checkpoint(out, head, meta)
             st = {"step": step + 1, "config": asdict(cfg), "base_lrs": base_lrs,
                   "optimizers": [o.state_dict() for o in opts], "history": hist,
-                  "seconds": meta["train"]["seconds"]}
+                  "seconds": meta["train"]["seconds"], "head": head.state_dict(),
+                  "batcher_rng": batcher.rng.bit_generator.state, "torch_rng": torch.get_rng_state()}
             atomic_write(state_path, lambda tmp: torch.save(st, tmp))
     bar.close()
     head.eval()

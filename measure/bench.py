@@ -80,14 +80,9 @@ def parse_methods(spec: str, drafts: list[str], k: int | None, policy: str = "co
 
 
 def machine_info(threads: int) -> dict:
-    cpu = platform.processor() or ""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from edgespec.runtime.policies import cpu_model
+
+    cpu = cpu_model()
     versions = {}
     for mod in ("llama_cpp", "onnxruntime", "numpy"):
         try:

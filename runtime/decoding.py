@@ -43,6 +43,7 @@ class Target(Protocol):
     draft_k: int  # default for the most tokens drafted per step, greedy decoding
     draft_k_sampled: int  # the same for sampling (verified with the full LM head)
     engine: str  # "llama.cpp", "onnxruntime"
+    version: str  # the engine's version (stored measurements are keyed by it)
     model_file: Path  # the file whose content keys measurements cached for this engine
     lowrank: LowRankInfo | None  # the low-rank LM head greedy verification uses, if any
 
@@ -196,6 +197,7 @@ class Generation:
                 draft = self._draft(k)
                 tv = time.perf_counter()
                 logits, hidden = self._verify(draft)
+                self.policy.observe_verify(1 + len(draft.tokens), time.perf_counter() - tv)
                 n_acc, nxt = self._accept(logits, draft)
                 self._rollback(draft, n_acc, hidden)
                 st.verify_s += time.perf_counter() - tv
@@ -210,6 +212,7 @@ class Generation:
             st.decode_s = time.perf_counter() - t_start
             if not st.finish_reason:
                 st.finish_reason = "stopped"
+            self.policy.finish()
 
     def _prefill(self) -> None:
         """The prompt but its last token into the cache; the head's prompt rows read on the way."""

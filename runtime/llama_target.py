@@ -130,6 +130,7 @@ class LlamaTarget(LlamaVocab):
     """A target model on llama.cpp with an explicit, roll-back-able KV cache."""
 
     engine = "llama.cpp"
+    version = lc.__version__
     # Default for the most tokens drafted per step: with llama.cpp's full LM head checking k
     # tokens costs nearly k decodes, so longer drafts rarely pay; with the low-rank LM head
     # greedy verification costs far less and the default is 6 (sampling verifies with the full head).

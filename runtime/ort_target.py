@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 from edgespec.errors import EdgespecError
 from edgespec.gguf_meta import TensorRows, read_header
@@ -26,6 +27,7 @@ from edgespec.targets import embedding_rows, load_target_spec
 
 class OrtTarget(LlamaVocab):
     engine = "onnxruntime"
+    version = ort.__version__
     # Default for the most tokens drafted per step: checking more tokens costs little more here
     # than on llama.cpp, with the full LM head too (onnxruntime's int8 graph batches better).
     draft_k = 6

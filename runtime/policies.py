@@ -5,13 +5,17 @@ confidence  draft up to k, stop once the head's top probability falls below p_mi
             rule for its draft models).
 cost        draft up to k, then keep the prefix length that maximises expected tokens per second:
             (1 + sum_j prod_{i<=j} p_i) / (c(j + 1) + draft time), where p_i are the head's
-            confidences and c(n) is the target's measured cost of verifying n tokens on this
-            machine (measured once, cached per target file content, thread count and LM head).
+            confidences and c(n) is the target's cost of verifying n tokens on this machine,
+            learned online from the decode loop's own timings (`VerifyCost`), starting from a
+            stored curve (keyed by CPU model, threads, engine and version, target file content
+            and LM head) or, the first time, a short measurement.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 
 import numpy as np
 
@@ -42,6 +46,12 @@ class FixedK:
 
     def observe_draft_time(self, seconds: float, steps: int) -> None:
         pass
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        """The decode loop's timing of one verify pass over n tokens."""
+
+    def finish(self) -> None:
+        """A generation ended."""
 
 
 class Confidence(FixedK):
@@ -81,21 +91,101 @@ def verify_cost_curve(engine, k_max: int = 8, repeats: int = 7, top_only: bool =
     return out
 
 
-def measure_verify_cost(engine, n_max: int, repeats: int = 5, top_only: bool = True) -> list[float]:
-    """Seconds per verify of n = 1..n_max tokens on this machine, cached per engine, target
-    file content, thread count and LM head in use (a low-rank head answers greedy passes only)."""
-    key = (f"{engine.engine}|{cache.file_identity(engine.model_file)}|t{engine.n_threads}"
-           f"|n{n_max}|{verify_head(engine, top_only)}")
-    cached = cache.read_json(COST_FILE)
-    if isinstance(cached.get(key), list) and len(cached[key]) == n_max:
-        return cached[key]
+def cpu_model() -> str:
+    """The CPU's model name (what a stored cost curve was measured on)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cost_key(engine, top_only: bool) -> str:
+    """What a verify-cost curve depends on: the CPU, the threads, the engine and its version,
+    the target file (by content) and the LM head verification uses."""
+    return (f"{cpu_model()}|t{engine.n_threads}|{engine.engine} {engine.version}"
+            f"|{cache.file_identity(engine.model_file)}|{verify_head(engine, top_only)}")
+
+
+class VerifyCost:
+    """c(n), the seconds of one verify pass over n tokens, learned online.
+
+    Starts from a prior curve (stored or measured). Each length keeps its last `window` timings
+    from the decode loop; its estimate is their median once there are a few (one noisy pass
+    moves it little, a lasting change of the machine takes over within a window). Lengths with
+    too few timings are interpolated between observed ones, or else follow the prior scaled by
+    how the observed lengths compare with theirs: a machine that got busier makes every length
+    dearer at once."""
+
+    MIN_OBS = 3
+
+    def __init__(self, prior: list[float], window: int = 16, key: str | None = None):
+        if not prior or min(prior) <= 0:
+            raise ValueError("a verify-cost prior needs positive times")
+        self.prior, self.key = list(prior), key
+        self.obs = [deque(maxlen=window) for _ in prior]
+        self.curve = list(prior)
+
+    def __len__(self) -> int:
+        return len(self.prior)
+
+    def __getitem__(self, i: int) -> float:  # i = n - 1
+        return self.curve[i]
+
+    def observe(self, n: int, seconds: float) -> None:
+        if 1 <= n <= len(self.prior) and seconds > 0:
+            self.obs[n - 1].append(seconds)
+            self._update()
+
+    def _update(self) -> None:
+        est = [statistics.median(o) if len(o) >= self.MIN_OBS else None for o in self.obs]
+        seen = [i for i, e in enumerate(est) if e is not None]
+        scale = statistics.median(est[i] / self.prior[i] for i in seen) if seen else 1.0
+        curve = []
+        for i, (e, p) in enumerate(zip(est, self.prior)):
+            lo = max((j for j in seen if j < i), default=None)
+            hi = min((j for j in seen if j > i), default=None)
+            if e is not None:
+                curve.append(e)
+            elif lo is not None and hi is not None:  # between two observed lengths: interpolate
+                curve.append(est[lo] + (est[hi] - est[lo]) * (i - lo) / (hi - lo))
+            else:
+                curve.append(p * scale)
+        self.curve = curve
+
+    def learned(self) -> list[float]:
+        """The curve to store as the next prior: observed lengths as observed, others scaled."""
+        return [round(x, 6) for x in self.curve]
+
+
+def measure_verify_cost(engine, n_max: int, repeats: int = 3, top_only: bool = True) -> VerifyCost:
+    """The verify-cost curve for n = 1..n_max: the stored prior for this machine, engine, target
+    and LM head, or a short measurement the first time; either way learned online after."""
+    key = cost_key(engine, top_only)
+    stored = cache.read_json(COST_FILE).get(key)
+    if isinstance(stored, list) and len(stored) >= n_max and all(
+            isinstance(x, (int, float)) and x > 0 for x in stored[:n_max]):
+        return VerifyCost(stored[:n_max], key=key)
     saved = list(engine.tokens)
     costs = [ms / 1000 for ms in verify_cost_curve(engine, n_max, repeats, top_only)]
     engine.prefill(saved)
-    cached.pop(key, None)
-    cached[key] = costs
-    cache.write_json(COST_FILE, dict(list(cached.items())[-32:]))  # a read-only cache only costs a re-measure
-    return costs
+    store_verify_cost(key, costs)
+    return VerifyCost(costs, key=key)
+
+
+def store_verify_cost(key: str, curve: list[float]) -> None:
+    """Keep a curve as the prior for its key (the longest one known wins where lengths differ)."""
+    stored = cache.read_json(COST_FILE)
+    old = stored.pop(key, None)
+    if isinstance(old, list) and len(old) > len(curve):
+        curve = list(curve) + old[len(curve):]
+    stored[key] = curve
+    cache.write_json(COST_FILE, dict(list(stored.items())[-32:]))  # a read-only cache only costs a re-measure
 
 
 class CostAware(FixedK):
@@ -106,7 +196,7 @@ class CostAware(FixedK):
 
     name = "cost"
 
-    def __init__(self, k: int, verify_cost: list[float], draft_step_s: float = 0.002,
+    def __init__(self, k: int, verify_cost: list[float] | VerifyCost, draft_step_s: float = 0.002,
                  prior: float = 0.8, ema: float = 0.2, probe_every: int = 16):
         super().__init__(k)
         self.probe_every, self._since_probe = probe_every, 0
@@ -114,7 +204,8 @@ class CostAware(FixedK):
         self._skips: dict[str, int] = {}  # per source, drafts trimmed away since its last probe
         if len(verify_cost) < k + 1:
             raise ValueError("verify_cost needs k + 1 entries")
-        self.c = verify_cost
+        # c[n - 1]: the cost of verifying n tokens, learned from the loop's timings as it runs
+        self.c = verify_cost if isinstance(verify_cost, VerifyCost) else VerifyCost(verify_cost)
         self.draft_step_s = draft_step_s
         self.prior = prior
         # per draft source, P(draft j accepted | drafts before it accepted)
@@ -181,6 +272,14 @@ class CostAware(FixedK):
     def observe_draft_time(self, seconds: float, steps: int) -> None:
         if steps:
             self.draft_step_s += self.ema * (seconds / steps - self.draft_step_s)
+
+    def observe_verify(self, n: int, seconds: float) -> None:
+        self.c.observe(n, seconds)
+
+    def finish(self) -> None:
+        """Keep what this generation learned as the next run's prior."""
+        if self.c.key:
+            store_verify_cost(self.c.key, self.c.learned())
 
 
 def default_k(engine, greedy: bool = True) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 
 
 class MockTarget:
-    engine = "mock"
+    engine, version = "mock", "0"
     n_threads = 1
     draft_k = draft_k_sampled = 4
     lowrank = None

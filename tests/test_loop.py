@@ -12,6 +12,14 @@ from edgespec.runtime.policies import CostAware, FixedK
 from edgespec.runtime.sampling import SamplingParams, probs
 from edgespec.targets import load_target_spec
 from mock import MockTarget, NoisyOracle, write_numpy_checkpoint
+
+
+class FixedCost(CostAware):
+    """The cost policy with the curve the test gives: the mock's own (microsecond) timings are
+    not what these tests are about."""
+
+    def observe_verify(self, n, seconds):
+        pass
 from test_targets import write_tiny_gguf
 
 N_EMBD = 32
@@ -113,7 +121,7 @@ def test_cost_policy_in_the_loop_probes_when_drafting_does_not_pay():
     """Dear verification and wrong drafts: the loop verifies target-only passes, with a whole
     untrimmed draft every `probe_every` passes so the estimates can recover."""
     t = MockTarget(seed=2)
-    policy = CostAware(4, [0.010, 0.020, 0.030, 0.040, 0.050], draft_step_s=0.002, prior=0.5,
+    policy = FixedCost(4, [0.010, 0.020, 0.030, 0.040, 0.050], draft_step_s=0.002, prior=0.5,
                        probe_every=8)
     g = Generation(t, [1, 2, 3], SamplingParams(), max_tokens=80, drafter=NoisyOracle(t, err=1.0),
                    policy=policy)
@@ -129,7 +137,7 @@ def test_cost_policy_in_the_loop_drafts_fully_when_it_pays_and_trims_by_confiden
     t = MockTarget(seed=3)
     cheap = [0.010, 0.0101, 0.0102, 0.0103, 0.0104]
     g = Generation(t, [1, 2], SamplingParams(), max_tokens=60, drafter=NoisyOracle(t, err=0.0),
-                   policy=CostAware(4, cheap, draft_step_s=1e-5))
+                   policy=FixedCost(4, cheap, draft_step_s=1e-5))
     assert [tok for tok, _ in g] == plain_greedy(t, [1, 2], 60)
     assert g.stats.mean_accepted > 4  # perfect drafts, verified whole: k + 1 per pass
 
@@ -142,8 +150,32 @@ def test_cost_policy_in_the_loop_drafts_fully_when_it_pays_and_trims_by_confiden
 
     t = MockTarget(seed=3)
     g = Generation(t, [1, 2], SamplingParams(), max_tokens=60, drafter=Unsure(t, err=0.0),
-                   policy=CostAware(4, cheap, draft_step_s=1e-5))
+                   policy=FixedCost(4, cheap, draft_step_s=1e-5))
     assert [tok for tok, _ in g] == plain_greedy(t, [1, 2], 60)
     st = g.stats
     assert len(st.drafted_at) == 2  # never more than the two confident drafts verified
     assert st.draft_steps > st.drafted  # the trimmed ones were computed, not verified
+
+
+class Timed(MockTarget):
+    """A mock whose verify pass over n tokens takes (1 + 0.1 n) ms: checking more is cheap."""
+
+    def decode(self, tokens, **kw):
+        import time
+
+        time.sleep(0.001 * (1 + 0.1 * len(tokens)))
+        return super().decode(tokens, **kw)
+
+
+def test_cost_policy_forgets_a_poisoned_curve_within_the_run():
+    """A curve stored while the machine was busy (every multi-token pass dear) would stop all
+    drafting; the loop's own timings replace it and the policy drafts again within the run."""
+    t = Timed(seed=3)
+    poisoned = [0.0011, 0.050, 0.100, 0.300, 0.060]  # the shape of a curve measured under load
+    policy = CostAware(4, poisoned, draft_step_s=1e-5, probe_every=4)
+    g = Generation(t, [1, 2], SamplingParams(), max_tokens=120, drafter=NoisyOracle(t, err=0.0),
+                   policy=policy)
+    got = [tok for tok, _ in g]
+    assert got == plain_greedy(t, [1, 2], 120)
+    assert all(policy.c[n] < 0.005 for n in range(5))  # learned: every length about 1-1.5 ms
+    assert policy.next_k() == 4 and g.stats.mean_accepted > 2.5

@@ -1,5 +1,7 @@
 """Draft-length policies: the cost-aware choice follows measured costs and acceptance."""
 
+import pytest
+
 from edgespec.runtime.decoding import Draft
 from edgespec.runtime.policies import CostAware
 
@@ -64,7 +66,7 @@ def test_verify_cost_is_measured_and_cached_per_lm_head(tmp_path, monkeypatch):
     seen = []
 
     class Engine:
-        engine, n_threads, tokens = "fake", 2, []
+        engine, version, n_threads, tokens = "fake", "1.0", 2, []
         model_file = tmp_path / "t.gguf"
         lowrank = LowRankInfo(256, 128, "token_embd.weight")
         spec = SimpleNamespace(path=str(tmp_path / "t.gguf"))
@@ -101,3 +103,33 @@ def test_verify_cost_is_measured_and_cached_per_lm_head(tmp_path, monkeypatch):
     policies.measure_verify_cost(eng, 2, repeats=1, top_only=True)
     assert len(seen) == n
     assert (tmp_path / "cache" / policies.COST_FILE).is_file()
+
+
+def test_verify_cost_is_learned_robustly_from_the_loops_timings():
+    from edgespec.runtime.policies import VerifyCost
+
+    c = VerifyCost([0.010, 0.020, 0.030])
+    for _ in range(10):
+        c.observe(1, 0.020)  # the machine is twice as busy as the prior says
+    assert c[0] == pytest.approx(0.020)
+    assert c[1] == pytest.approx(0.040) and c[2] == pytest.approx(0.060)  # unseen: scaled prior
+    c.observe(1, 5.0)  # one stall is not the machine
+    assert c[0] == pytest.approx(0.020)
+    for _ in range(16):  # a lasting change takes over within one window
+        c.observe(1, 0.005)
+    assert c[0] == pytest.approx(0.005)
+    c.observe(9, 1.0)  # lengths past the curve are ignored
+    assert len(c.learned()) == 3
+
+
+def test_learned_curve_is_stored_as_the_next_prior(tmp_path, monkeypatch):
+    from edgespec import cache
+    from edgespec.runtime.policies import COST_FILE, CostAware, VerifyCost
+
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
+    p = CostAware(2, VerifyCost([0.01, 0.02, 0.03], key="k1"))
+    for _ in range(5):
+        p.observe_verify(2, 0.004)
+    p.finish()
+    stored = cache.read_json(COST_FILE)["k1"]
+    assert stored[1] == pytest.approx(0.004) and stored[0] == pytest.approx(0.002)

@@ -178,7 +178,7 @@ def _cmd_bench(args) -> int:
     report = b.bench(args.target, prompts, methods, max_new_tokens=args.max_new_tokens,
                      threads=threads, temperature=args.temperature, seed=args.seed,
                      device=device, baseline=args.baseline, lm_head=args.lm_head,
-                     memory=not args.no_memory)
+                     memory=not args.no_memory, background_load=args.background_load)
     print(b.format_table(report))
     if args.json:
         b.write_report(report, args.json)
@@ -358,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with llama.cpp's full LM head in the same run; speedups against it are "
                         "reported too")
     s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
+    s.add_argument("--background-load", type=int, default=0, metavar="N",
+                   help="run N CPU-hogging processes during the timed runs (after the warm-up)")
     s.add_argument("--no-memory", action="store_true",
                    help="skip the peak-memory measurement (a fresh process per configuration)")
     s.set_defaults(func=_cmd_bench)

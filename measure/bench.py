@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,14 +97,16 @@ def machine_info(threads: int) -> dict:
 def bench(target: str, prompts: list[dict], methods: list[Method], max_new_tokens: int = 128,
           threads: int | None = None, temperature: float = 0.0, seed: int = 0, n_ctx: int = 4096,
           device: dict | None = None, baseline: str | None = None, lm_head: str = "auto",
-          memory: bool = True) -> dict:
+          memory: bool = True, background_load: int = 0) -> dict:
     """`lm_head`: the target engine's (see LlamaTarget). Where it is the low-rank head and the
     run is greedy, the method "target" (the reference for every speedup and for "same output as
     target") decodes the same file with llama.cpp's own full LM head, as plain llama.cpp would,
     and "target:lowrank" is target-only decoding with the low-rank head. `baseline`: a file of
     the same target (e.g. the shipped GGUF next to an export) decoded target-only with
     llama.cpp's full LM head in the same interleaved run; every method then also gets its
-    speedup against it. `memory`: measure each configuration's peak RSS in a fresh process."""
+    speedup against it. `memory`: measure each configuration's peak RSS in a fresh process.
+    `background_load`: that many CPU-hogging processes run from the end of the warm-up to the
+    end of the timed runs (the cost policy must adapt within the run)."""
     from edgespec.runtime.chat import render_chat
     from edgespec.runtime.decoding import FixedK, Generation
     from edgespec.runtime.drafters import make_drafter
@@ -144,6 +147,34 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     for m in methods:
         run(m, warm)
     results = {m.name: MethodResult(m) for m in methods}
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(background_load)]
+    try:
+        _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, render_chat)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    report = summarize(results, sp.greedy)
+    report["target"] = {"name": engine.spec.name, **_engine_file(engine, target),
+                        "lm_head_type": engine.describe_lm_head(sp.greedy),
+                        "fingerprint": engine.spec.tokenizer_fingerprint}
+    report["settings"] = {"max_new_tokens": max_new_tokens, "temperature": temperature,
+                          "prompts": len(prompts), "n_ctx": n_ctx, "background_load": background_load,
+                          "methods": [m.__dict__ for m in methods]}
+    if baseline:
+        report["baseline"] = _engine_file(engines["baseline"], baseline)
+    report["machine"] = machine_info(engine.n_threads)
+    for eng in engines.values():
+        eng.close()
+    if memory:
+        report["memory"] = memory_report(target, methods, lm_head, n_ctx, threads, baseline)
+    if device:
+        report["device"] = device
+    return report
+
+
+def _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, render_chat) -> None:
+    """Every method on every prompt, interleaved (A B C, A B C, ...)."""
     bar = progress(total=len(prompts) * len(methods), desc="bench", unit="run")
     for p in prompts:
         text = p["prompt"]
@@ -165,23 +196,6 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
             })
             bar.update(1)
     bar.close()
-    report = summarize(results, sp.greedy)
-    report["target"] = {"name": engine.spec.name, **_engine_file(engine, target),
-                        "lm_head_type": engine.describe_lm_head(sp.greedy),
-                        "fingerprint": engine.spec.tokenizer_fingerprint}
-    report["settings"] = {"max_new_tokens": max_new_tokens, "temperature": temperature,
-                          "prompts": len(prompts), "n_ctx": n_ctx,
-                          "methods": [m.__dict__ for m in methods]}
-    if baseline:
-        report["baseline"] = _engine_file(engines["baseline"], baseline)
-    report["machine"] = machine_info(engine.n_threads)
-    for eng in engines.values():
-        eng.close()
-    if memory:
-        report["memory"] = memory_report(target, methods, lm_head, n_ctx, threads, baseline)
-    if device:
-        report["device"] = device
-    return report
 
 
 def memory_report(target: str, methods: list[Method], lm_head: str, n_ctx: int,

@@ -118,9 +118,10 @@ class VerifyCost:
     Starts from a prior curve (stored or measured). Each length keeps its last `window` timings
     from the decode loop; its estimate is their median once there are a few (one noisy pass
     moves it little, a lasting change of the machine takes over within a window). Lengths with
-    too few timings are interpolated between observed ones, or else follow the prior scaled by
-    how the observed lengths compare with theirs: a machine that got busier makes every length
-    dearer at once."""
+    too few timings are interpolated between observed ones (past the longest, extended along
+    its slope unless the scaled prior is lower), or else follow the prior scaled by how the
+    observed lengths compare with theirs: a machine that got busier makes every length dearer
+    at once. The cost policy verifies a whole draft now and then, so long lengths get timings."""
 
     MIN_OBS = 3
 
@@ -154,6 +155,10 @@ class VerifyCost:
                 curve.append(e)
             elif lo is not None and hi is not None:  # between two observed lengths: interpolate
                 curve.append(est[lo] + (est[hi] - est[lo]) * (i - lo) / (hi - lo))
+            elif lo is not None and len(seen) >= 2:  # past the longest observed: its slope
+                a, b = seen[-2], seen[-1]
+                slope = max(0.0, (est[b] - est[a]) / (b - a))
+                curve.append(min(p * scale, est[b] + slope * (i - b)))
             else:
                 curve.append(p * scale)
         self.curve = curve
@@ -163,7 +168,7 @@ class VerifyCost:
         return [round(x, 6) for x in self.curve]
 
 
-def measure_verify_cost(engine, n_max: int, repeats: int = 3, top_only: bool = True) -> VerifyCost:
+def measure_verify_cost(engine, n_max: int, repeats: int = 5, top_only: bool = True) -> VerifyCost:
     """The verify-cost curve for n = 1..n_max: the stored prior for this machine, engine, target
     and LM head, or a short measurement the first time; either way learned online after."""
     key = cost_key(engine, top_only)
@@ -236,16 +241,17 @@ class CostAware(FixedK):
     def next_k(self) -> int:
         # a mixed drafter may draft from any source: allow the longest any of them would pay for
         best = max(self._best(a) for a in (list(self.accs.values()) or [[self.prior] * self.k]))
-        if best or not self.k:
+        if best >= self.k:
             return best
-        # Estimates say "don't draft": probe with a full draft now and then, verified untrimmed,
-        # so that the estimates of every position can recover.
+        # Estimates say "draft less than k" (or nothing): probe with a full draft now and then,
+        # verified untrimmed, so that the acceptance of every position and the cost of every
+        # length keep being measured and can recover.
         self._since_probe += 1
         if self._since_probe >= self.probe_every:
             self._since_probe = 0
             self._probe = True
             return self.k
-        return 0
+        return best
 
     def trim(self, draft) -> int:
         if self._probe:

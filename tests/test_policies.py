@@ -133,3 +133,20 @@ def test_learned_curve_is_stored_as_the_next_prior(tmp_path, monkeypatch):
     p.finish()
     stored = cache.read_json(COST_FILE)["k1"]
     assert stored[1] == pytest.approx(0.004) and stored[0] == pytest.approx(0.002)
+
+
+def test_cost_policy_explores_lengths_its_prior_calls_dear():
+    """A prior whose tail is too steep would keep drafts short for ever (no timing of the long
+    lengths ever arrives); whole-draft probes every `probe_every` passes time them, and the
+    policy moves to the long drafts the machine really pays for."""
+    true = [0.010, 0.011, 0.012, 0.013, 0.014]
+    p = CostAware(4, [0.010, 0.011, 0.012, 0.060, 0.080], draft_step_s=1e-4, prior=0.9, probe_every=8)
+    ks = []
+    for _ in range(80):
+        k = p.next_k()
+        n = p.trim(Draft([7] * k, conf=[0.95] * k)) if k else 0
+        p.observe_verify(n + 1, true[n])
+        p.update(n, n)
+        ks.append(n)
+    assert ks[0] == 2 and ks[-1] == 4  # short at first, long once the long lengths were timed
+    assert p.c[4] == pytest.approx(0.014)

@@ -36,7 +36,9 @@ def bench_table(path: Path) -> str:
     lines = [f"`{path.relative_to(ROOT)}`: target `{r['target']['file']}` on "
              f"{r['target'].get('engine', 'llama.cpp')} (LM head "
              f"{r['target']['lm_head_type']}), {r['settings']['prompts']} prompts, "
-             f"{r['settings']['max_new_tokens']} new tokens, temperature "
+             f"{r['settings']['max_new_tokens']} new tokens, "
+             + (f"{r['settings']['background_load']} CPU hog(s) during the timed runs, "
+                if r["settings"].get("background_load") else "") + "temperature "
              f"{r['settings'].get('temperature', 0.0)}, k <= {max(k)}, {m0['cpu']}, "
              f"{m0['threads']} threads"
              + (f"; baseline: target-only on `{base['file']}` ({base['engine']}) in the same run"
@@ -57,9 +59,13 @@ def bench_table(path: Path) -> str:
                      f"{m['mean_accepted']:.2f} | {acc} | {m['ms_per_draft_step']:.2f} | "
                      f"{m['ms_per_verify']:.2f} | {m.get('same_as_target_share', 0):.2f} | "
                      f"{kinds.get('code', '-')} | {kinds.get('prose', '-')} | {kinds.get('chat', '-')} |")
-    mem = r["memory"]
+    mem = r.get("memory")
     lines.append("")
-    if "plain_llama_cpp_peak_rss_mb" in mem:
+    if mem is None:
+        lines.append("Memory not measured in this run (`--no-memory`)"
+                     + (f"; {r['settings']['background_load']} CPU-hogging process(es) ran during the timed runs."
+                        if r["settings"].get("background_load") else "."))
+    elif "plain_llama_cpp_peak_rss_mb" in mem:
         lines.append(f"Peak RSS, each configuration in a fresh process: {mem['reference']} "
                      f"{mem['plain_llama_cpp_peak_rss_mb']:.0f} MB; "
                      + ", ".join(f"{n} {v['peak_rss_mb']:.0f} MB ({100 * v['vs_plain_llama_cpp']:+.0f}%)"
@@ -82,16 +88,19 @@ def summary_table(paths: list[Path]) -> str:
         head = "low-rank (greedy)" if "rank-" in r["target"]["lm_head_type"] else "full"
         # since the bench added "target:lowrank", its "target" row is plain llama.cpp
         target_row = "plain llama.cpp" if "target:lowrank" in r["methods"] else f"{engine}, {head} head"
+        st = r["settings"]
+        cond = ", ".join([f"T={st.get('temperature', 0.0)}"]
+                         + ([f"{st['background_load']} CPU hog(s)"] if st.get("background_load") else []))
         for name, m in r["methods"].items():
             if name in ("target", "baseline"):
                 continue
-            rows.append([f"`{path.stem}`", engine, head, target_row, name,
+            rows.append([f"`{path.stem}`", cond, engine, head, target_row, name,
                          f"{ref['tokens_per_s']:.1f}", f"{m['tokens_per_s']:.1f}",
                          f"{m['speedup']:.2f}x", f"{_total(m, ref):.2f}x", f"{m['mean_accepted']:.2f}"])
     return table("Every bench run at a glance: speedups are against the `target` row of the same "
                  "run (target-only decoding, on the engine named), as the median of per-prompt "
                  "ratios and as the total-tokens ratio.",
-                 ["report", "engine", "LM head", "target row", "method", "target tok/s", "tok/s",
+                 ["report", "conditions", "engine", "LM head", "target row", "method", "target tok/s", "tok/s",
                   "median", "total", "tokens/pass"], rows)
 
 

@@ -165,11 +165,11 @@ def read_checkpoint_head(ckpt: str | Path) -> HeadFile:
     return HeadFile(Path(ckpt), config, meta["target"], meta["target_fingerprint"], ids, w)
 
 
-def check_head_weights(path, c: HeadConfig, w: dict[str, np.ndarray], ids: np.ndarray) -> None:
-    """The weights a head config calls for, in its shapes (a file may say one thing, hold another)."""
+def head_weight_shapes(c: HeadConfig) -> dict[str, tuple[int, ...]]:
+    """Every weight a head of this config has, with its shape (torch Linear layout)."""
     e, hd = c.n_embd, c.head_dim
     want = {"emb_norm.weight": (e,), "hid_norm.weight": (e,), "fc.weight": (e, 2 * e),
-            "out_norm.weight": (e,), "lm_head": (len(ids), e)}
+            "out_norm.weight": (e,), "lm_head": (c.n_draft_vocab, e)}
     for i in range(c.n_layer):
         p = f"blocks.{i}."
         want.update({p + "input_norm.weight": (e,), p + "q.weight": (c.n_head * hd, e),
@@ -179,6 +179,12 @@ def check_head_weights(path, c: HeadConfig, w: dict[str, np.ndarray], ids: np.nd
                      p + "pre_ffn_norm.weight": (e,), p + "gate.weight": (c.n_ff, e),
                      p + "up.weight": (c.n_ff, e), p + "down.weight": (e, c.n_ff),
                      p + "post_ffn_norm.weight": (e,)})
+    return want
+
+
+def check_head_weights(path, c: HeadConfig, w: dict[str, np.ndarray], ids: np.ndarray) -> None:
+    """The weights a head config calls for, in its shapes (a file may say one thing, hold another)."""
+    want = head_weight_shapes(c)
     for name, shape in want.items():
         got = w.get(name)
         if got is None or tuple(got.shape) != shape:

@@ -126,26 +126,15 @@ def write_numpy_checkpoint(folder, config, fingerprint: str, draft_ids, target: 
 
     from safetensors.numpy import save_file
 
-    from edgespec.runtime.formats import CKPT_CONFIG, CKPT_WEIGHTS, DRAFT_IDS
+    from edgespec.runtime.formats import CKPT_CONFIG, CKPT_WEIGHTS, DRAFT_IDS, head_weight_shapes
 
     rng = np.random.default_rng(seed)
-    e, hd, c = config.n_embd, config.head_dim, config
-    shapes = {"emb_norm.weight": (e,), "hid_norm.weight": (e,), "fc.weight": (e, 2 * e),
-              "out_norm.weight": (e,), "lm_head": (len(draft_ids), e)}
-    for i in range(c.n_layer):
-        p = f"blocks.{i}."
-        shapes.update({p + "input_norm.weight": (e,), p + "q.weight": (c.n_head * hd, e),
-                       p + "k.weight": (c.n_head_kv * hd, e), p + "v.weight": (c.n_head_kv * hd, e),
-                       p + "o.weight": (e, c.n_head * hd), p + "q_norm.weight": (hd,),
-                       p + "k_norm.weight": (hd,), p + "post_attn_norm.weight": (e,),
-                       p + "pre_ffn_norm.weight": (e,), p + "gate.weight": (c.n_ff, e),
-                       p + "up.weight": (c.n_ff, e), p + "down.weight": (e, c.n_ff),
-                       p + "post_ffn_norm.weight": (e,)})
+    shapes = head_weight_shapes(config)
     w = {k: (rng.normal(size=s) * (scale if len(s) == 2 else 0.1)).astype(np.float32) for k, s in shapes.items()}
     w[DRAFT_IDS] = np.asarray(draft_ids, dtype=np.int64)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(w, str(folder / CKPT_WEIGHTS))
-    meta = {"target": target, "target_fingerprint": fingerprint, "head": c.to_dict(),
+    meta = {"target": target, "target_fingerprint": fingerprint, "head": config.to_dict(),
             "draft_vocab": {"size": len(draft_ids), "coverage": 1.0}}
     (folder / CKPT_CONFIG).write_text(json.dumps(meta))
     return folder

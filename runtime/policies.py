@@ -63,6 +63,7 @@ class Confidence(FixedK):
 
 
 COST_FILE = "verify_cost.json"
+ACCEPTANCE_FILE = "draft_acceptance.json"
 
 
 def verify_head(engine, top_only: bool) -> str:
@@ -202,7 +203,8 @@ class CostAware(FixedK):
     name = "cost"
 
     def __init__(self, k: int, verify_cost: list[float] | VerifyCost, draft_step_s: float = 0.002,
-                 prior: float = 0.8, ema: float = 0.2, probe_every: int = 16):
+                 prior: float = 0.8, ema: float = 0.2, probe_every: int = 16,
+                 acceptance_key: str | None = None):
         super().__init__(k)
         self.probe_every, self._since_probe = probe_every, 0
         self._probe = False  # the next draft is a probe: verify it whole
@@ -213,14 +215,24 @@ class CostAware(FixedK):
         self.c = verify_cost if isinstance(verify_cost, VerifyCost) else VerifyCost(verify_cost)
         self.draft_step_s = draft_step_s
         self.prior = prior
-        # per draft source, P(draft j accepted | drafts before it accepted)
+        # per draft source, P(draft j accepted | drafts before it accepted); where a key is given,
+        # each generation starts from where the last one with that key ended
+        self.acceptance_key = acceptance_key
         self.accs: dict[str, list[float]] = {}
+        stored = cache.read_json(ACCEPTANCE_FILE).get(acceptance_key) if acceptance_key else None
+        for source, acc in (stored.items() if isinstance(stored, dict) else ()):
+            if isinstance(acc, list) and all(isinstance(a, (int, float)) and 0 <= a <= 1 for a in acc):
+                self.accs[str(source)] = (list(acc) + [prior] * k)[:k]
         self.ema = ema
 
     @property
     def acc(self) -> list[float]:
         """The estimates of drafts with no named source (single-source drafters)."""
         return self.accs[""]
+
+    def acc_for(self, source: str) -> list[float]:
+        """The acceptance estimates of one draft source (the prior until it drafts)."""
+        return self._acc(source)
 
     def _acc(self, source: str) -> list[float]:
         if source not in self.accs:
@@ -283,9 +295,14 @@ class CostAware(FixedK):
         self.c.observe(n, seconds)
 
     def finish(self) -> None:
-        """Keep what this generation learned as the next run's prior."""
+        """Keep what this generation learned (verify cost, acceptance) for the next one."""
         if self.c.key:
             store_verify_cost(self.c.key, self.c.learned())
+        if self.acceptance_key and self.accs:
+            stored = cache.read_json(ACCEPTANCE_FILE)
+            stored.pop(self.acceptance_key, None)
+            stored[self.acceptance_key] = {s: [round(a, 4) for a in acc] for s, acc in self.accs.items()}
+            cache.write_json(ACCEPTANCE_FILE, dict(list(stored.items())[-32:]))
 
 
 def default_k(engine, greedy: bool = True) -> int:
@@ -307,5 +324,6 @@ def make_policy(name: str, k: int | None, engine=None, greedy: bool = True):
     if name == "cost":
         if engine is None:
             raise ValueError("the cost policy needs the target engine to measure verify cost")
-        return CostAware(k, measure_verify_cost(engine, k + 1, top_only=greedy))
+        cost = measure_verify_cost(engine, k + 1, top_only=greedy)
+        return CostAware(k, cost, acceptance_key=f"{cost.key}|{'greedy' if greedy else 'sampled'}")
     raise EdgespecError(f"unknown draft policy '{name}'; choose from {', '.join(POLICIES)}")

@@ -150,3 +150,18 @@ def test_cost_policy_explores_lengths_its_prior_calls_dear():
         ks.append(n)
     assert ks[0] == 2 and ks[-1] == 4  # short at first, long once the long lengths were timed
     assert p.c[4] == pytest.approx(0.014)
+
+
+def test_acceptance_carries_over_between_generations(tmp_path, monkeypatch):
+    """A new generation starts from the acceptance the last one ended with (same key), not from
+    the optimistic prior: drafts that never pay are not retried at every prompt."""
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
+    costs = [0.010, 0.011, 0.012, 0.013]
+    first = CostAware(3, costs, draft_step_s=1e-4, acceptance_key="k|sampled")
+    assert first.next_k() == 3  # optimistic at first
+    for _ in range(40):
+        first.update(3, 0, "head")
+    first.finish()
+    second = CostAware(3, costs, draft_step_s=1e-4, acceptance_key="k|sampled")
+    assert second.acc_for("head")[0] < 0.05 and second.next_k() == 0
+    assert CostAware(3, costs, draft_step_s=1e-4, acceptance_key="other").next_k() == 3

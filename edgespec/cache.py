@@ -52,6 +52,14 @@ def write_json(name: str, data: dict) -> bool:
         return False
 
 
+def put_json(name: str, key: str, value, keep: int = 32) -> bool:
+    """Set one entry of a JSON file of the cache, keeping the `keep` most recently set."""
+    data = read_json(name)
+    data.pop(key, None)
+    data[key] = value
+    return write_json(name, dict(list(data.items())[-keep:]))
+
+
 def sha256_file(path: str | Path) -> str:
     """The hex sha256 of a file's bytes, read in blocks."""
     h = hashlib.sha256()
@@ -67,15 +75,11 @@ def file_identity(path: str | Path) -> str:
     path = Path(path).resolve()
     st = path.stat()
     stamp = f"{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
-    ids = read_json(IDS_FILE)
-    entry = ids.get(str(path))
+    entry = read_json(IDS_FILE).get(str(path))
     if isinstance(entry, dict) and entry.get("stamp") == stamp:
         return str(entry["sha256"])
     digest = sha256_file(path)[:16]
-    ids[str(path)] = {"stamp": stamp, "sha256": digest}
-    if len(ids) > 256:  # forget the oldest paths
-        ids = dict(list(ids.items())[-256:])
-    write_json(IDS_FILE, ids)
+    put_json(IDS_FILE, str(path), {"stamp": stamp, "sha256": digest}, keep=256)
     return digest
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from edgespec import __version__
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, one_line
 
 
 def _cmd_info(args) -> int:
@@ -173,8 +172,8 @@ def _cmd_bench(args) -> int:
         from edgespec.measure.devices import apply_profile
 
         device, threads = apply_profile(args.device, threads)
-    if args.json and Path(args.json).exists():
-        raise EdgespecError(f"{args.json} exists; bench reports are never overwritten: choose a new name")
+    if args.json:
+        b.ensure_new(args.json)  # before the run, not after it
     report = b.bench(args.target, prompts, methods, max_new_tokens=args.max_new_tokens,
                      threads=threads, temperature=args.temperature, seed=args.seed,
                      device=device, baseline=args.baseline, lm_head=args.lm_head,
@@ -471,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except EdgespecError as e:
-        print(f"edgespec: error: {' '.join(str(e).split())}", file=sys.stderr)  # always one line
+        print(f"edgespec: error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("edgespec: interrupted", file=sys.stderr)

@@ -8,14 +8,24 @@ import sys
 import tempfile
 from pathlib import Path
 
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, one_line
+
+
+def utf8(text: str, what: str = "text") -> bytes:
+    """Text as UTF-8; undecodable input (surrogates from a non-UTF-8 command line) is a clear
+    error, not a traceback."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise EdgespecError(f"the {what} is not valid UTF-8 (undecodable bytes at character "
+                            f"{e.start}); pass UTF-8 text") from None
 
 
 def describe_error(e: BaseException) -> str:
     """One line for an error from a writer: the OS's words where it has them."""
     if isinstance(e, OSError) and e.strerror:
         return e.strerror
-    text = " ".join(str(e).split())
+    text = one_line(e)
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 

@@ -323,12 +323,16 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(report: dict, out: str | Path) -> None:
+def ensure_new(out: str | Path) -> Path:
     """Results are append-only: a report never replaces an earlier one."""
     out = Path(out)
     if out.exists():
         raise EdgespecError(f"{out} exists; bench reports are never overwritten: choose a new name")
-    atomic_write_text(out, json.dumps(report, indent=1))
+    return out
+
+
+def write_report(report: dict, out: str | Path) -> None:
+    atomic_write_text(ensure_new(out), json.dumps(report, indent=1))
 
 
 def plot(report: dict, out: str | Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgespec.errors import EdgespecError
+from edgespec.io import utf8
 from edgespec.runtime.decoding import Generation, Stats, Target
 from edgespec.runtime.drafters import make_drafter
 from edgespec.runtime.policies import make_policy
@@ -77,11 +78,7 @@ def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,
     """
     if not prompt or not prompt.strip():
         raise EdgespecError("empty prompt: give some text with --prompt")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise EdgespecError(f"the prompt is not valid UTF-8 (undecodable bytes at character "
-                            f"{e.start}); pass UTF-8 text") from None
+    utf8(prompt, "prompt")  # before anything loads
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = target if hasattr(target, "decode") else open_target(
         target, n_ctx=n_ctx, n_threads=n_threads, lm_head=lm_head_for(lm_head, sampling.greedy))

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, one_line
+from edgespec.io import utf8
 from edgespec.runtime.assets import shipped_basis
 from edgespec.runtime.lowrank import LowRankHead, LowRankInfo, read_basis
 from edgespec.targets import TargetSpec, load_target_spec
@@ -86,11 +87,7 @@ class LlamaVocab:
     def tokenize(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
         """Text -> token ids; `add_bos` defaults to what the GGUF file asks for."""
         add = self.spec.add_bos if add_bos is None else add_bos
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise EdgespecError(f"the text is not valid UTF-8 (undecodable bytes at character "
-                                f"{e.start}); pass UTF-8 text") from None
+        data = utf8(text)
         cap = len(data) + 8
         buf = (lc.llama_token * cap)()
         n = lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add, special)
@@ -187,7 +184,7 @@ class LlamaTarget(LlamaVocab):
             except EdgespecError as e:  # its cache cannot be built (disk full, read-only)
                 if lm_head != "auto":
                     raise
-                print(f"edgespec: warning: {' '.join(str(e).split())}; decoding with llama.cpp's "
+                print(f"edgespec: warning: {one_line(e)}; decoding with llama.cpp's "
                       "full LM head instead", file=sys.stderr)
         self.lowrank: LowRankInfo | None = self.lowrank_head.info if self.lowrank_head else None
         self.draft_k = 6 if self.lowrank else 3

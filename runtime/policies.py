@@ -13,6 +13,7 @@ cost        draft up to k, then keep the prefix length that maximises expected t
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections import deque
@@ -92,6 +93,7 @@ def verify_cost_curve(engine, k_max: int = 8, repeats: int = 7, top_only: bool =
     return out
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_model() -> str:
     """The CPU's model name (what a stored cost curve was measured on)."""
     import platform
@@ -131,6 +133,7 @@ class VerifyCost:
             raise ValueError("a verify-cost prior needs positive times")
         self.prior, self.key = list(prior), key
         self.obs = [deque(maxlen=window) for _ in prior]
+        self.est: list[float | None] = [None] * len(prior)  # per length, its timings' median
         self.curve = list(prior)
 
     def __len__(self) -> int:
@@ -141,11 +144,14 @@ class VerifyCost:
 
     def observe(self, n: int, seconds: float) -> None:
         if 1 <= n <= len(self.prior) and seconds > 0:
-            self.obs[n - 1].append(seconds)
-            self._update()
+            o = self.obs[n - 1]
+            o.append(seconds)
+            if len(o) >= self.MIN_OBS:  # only this length's median moves
+                self.est[n - 1] = statistics.median(o)
+                self._update()
 
     def _update(self) -> None:
-        est = [statistics.median(o) if len(o) >= self.MIN_OBS else None for o in self.obs]
+        est = self.est
         seen = [i for i, e in enumerate(est) if e is not None]
         scale = statistics.median(est[i] / self.prior[i] for i in seen) if seen else 1.0
         curve = []
@@ -186,12 +192,10 @@ def measure_verify_cost(engine, n_max: int, repeats: int = 5, top_only: bool = T
 
 def store_verify_cost(key: str, curve: list[float]) -> None:
     """Keep a curve as the prior for its key (the longest one known wins where lengths differ)."""
-    stored = cache.read_json(COST_FILE)
-    old = stored.pop(key, None)
+    old = cache.read_json(COST_FILE).get(key)
     if isinstance(old, list) and len(old) > len(curve):
         curve = list(curve) + old[len(curve):]
-    stored[key] = curve
-    cache.write_json(COST_FILE, dict(list(stored.items())[-32:]))  # a read-only cache only costs a re-measure
+    cache.put_json(COST_FILE, key, curve)  # a read-only cache only costs a re-measure
 
 
 class CostAware(FixedK):
@@ -299,10 +303,8 @@ class CostAware(FixedK):
         if self.c.key:
             store_verify_cost(self.c.key, self.c.learned())
         if self.acceptance_key and self.accs:
-            stored = cache.read_json(ACCEPTANCE_FILE)
-            stored.pop(self.acceptance_key, None)
-            stored[self.acceptance_key] = {s: [round(a, 4) for a in acc] for s, acc in self.accs.items()}
-            cache.write_json(ACCEPTANCE_FILE, dict(list(stored.items())[-32:]))
+            cache.put_json(ACCEPTANCE_FILE, self.acceptance_key,
+                           {s: [round(a, 4) for a in acc] for s, acc in self.accs.items()})
 
 
 def default_k(engine, greedy: bool = True) -> int:

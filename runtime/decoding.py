@@ -19,7 +19,7 @@ import codecs
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -69,13 +69,18 @@ class Draft:
     source: str = ""  # which drafter made it ("lookup", "head"): policies keep apart estimates
 
 
+# The policy's most drafts worth making now from a named source ("lookup", "head"); drafters
+# ask before drafting, so a draft step that would be trimmed away is never computed.
+Limit = Callable[[str], int]
+
+
 class Drafter(Protocol):
     needs_hidden: bool  # whether propose() reads the target's hidden states
 
     def reset(self) -> None: ...
 
     def propose(self, context: list[int], hidden: np.ndarray | None, k: int,
-                p_min: float = 0.0) -> Draft:
+                p_min: float = 0.0, limit: Limit | None = None) -> Draft:
         """Up to k tokens to follow `context` (whose last token is pending). `hidden`: the
         target's hidden states [n, E] at the n positions before the pending token that became
         final since the last call (None for drafters that do not read them). Drafters with
@@ -242,7 +247,8 @@ class Generation:
         st, td = self.stats, time.perf_counter()
         rows = np.concatenate(self._fresh_hidden) if self._fresh_hidden else None
         self._fresh_hidden = []
-        draft = self.drafter.propose(self.context, rows, k, p_min=self.policy.p_min)
+        draft = self.drafter.propose(self.context, rows, k, p_min=self.policy.p_min,
+                                     limit=self.policy.limit)
         n_made = min(k, len(draft.tokens))
         n = min(n_made, self.policy.trim(draft))
         draft.tokens, draft.q = draft.tokens[:n], draft.q[:n]

@@ -2,7 +2,8 @@
 
 A drafter gets, at each step, the whole context (its last token is the pending one, not yet in
 the target's cache) and the target's hidden states for positions that became final since the
-last call, and proposes up to k tokens.
+last call, and proposes up to k tokens: fewer where the policy's `limit(source)` says a longer
+draft from that source would not pay (asked before drafting, so unpaid draft steps cost nothing).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.assets import default_head
-from edgespec.runtime.decoding import Draft
+from edgespec.runtime.decoding import Draft, Limit
 from edgespec.runtime.heads import load_head
 from edgespec.targets import embedding_rows
 
@@ -33,8 +34,14 @@ class PromptLookup:
     def reset(self) -> None:
         pass
 
-    def propose(self, context: list[int], hidden, k: int, p_min: float = 0.0) -> Draft:
+    def propose(self, context: list[int], hidden, k: int, p_min: float = 0.0,
+                limit: Limit | None = None) -> Draft:
+        if limit:
+            k = min(k, limit(self.name))
         n_ctx = len(context)
+        if k <= 0:
+            self.last_match = 0
+            return Draft([], source=self.name)
         arr = np.asarray(context)
         for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
             tail = arr[n_ctx - n:]
@@ -44,9 +51,9 @@ class PromptLookup:
             if len(hits):
                 s = int(hits[-1]) + n
                 self.last_match = n
-                return Draft([int(x) for x in arr[s:s + k]], source="lookup")
+                return Draft([int(x) for x in arr[s:s + k]], source=self.name)
         self.last_match = 0
-        return Draft([], source="lookup")
+        return Draft([], source=self.name)
 
 
 def single_thread_blas() -> None:
@@ -73,19 +80,35 @@ class HeadDrafter:
         self.ids = info.draft_ids
         self.embed = embedding_rows(target_spec)
         self.name = str(path)
+        self.pending: list[np.ndarray] = []  # hidden rows not yet fed to the head
         single_thread_blas()
 
     def reset(self) -> None:
         self.head.reset()
+        self.pending = []
+
+    def keep(self, hidden: np.ndarray | None) -> None:
+        """Hidden rows for later: the head reads them, in one batch, when it next drafts."""
+        if hidden is not None and len(hidden):
+            self.pending.append(hidden)  # the decode loop hands over fresh arrays
 
     def propose(self, context: list[int], hidden: np.ndarray | None, k: int,
-                p_min: float = 0.0) -> Draft:
+                p_min: float = 0.0, limit: Limit | None = None) -> Draft:
         """`hidden`: target hidden states [n, E] for the n positions before the pending token
         that the head has not seen yet (pair: hidden at m, token at m + 1)."""
+        self.keep(hidden)
+        if limit:
+            k = min(k, limit("head"))
+        if k <= 0 or not self.pending:
+            return Draft([], source="head")
+        hidden = np.concatenate(self.pending)
+        self.pending = []
+        return self._chain(context, hidden, k, p_min)
+
+    def _chain(self, context: list[int], hidden: np.ndarray, k: int, p_min: float) -> Draft:
+        """Feed the new rows, then draft a greedy chain of up to k tokens."""
         h = self.head
         n_ctx = len(context)
-        if hidden is None or not len(hidden):
-            return Draft([])
         pos0 = n_ctx - 1 - len(hidden)
         if pos0 != h.n:  # a new prompt, or rows were skipped: restart the cache at these rows
             h.reset()
@@ -120,21 +143,17 @@ class MixedDrafter:
     def __init__(self, head: HeadDrafter, lookup: PromptLookup | None = None, min_match: int = 2):
         self.head, self.lookup, self.min_match = head, lookup or PromptLookup(), min_match
         self.name = f"{head.name}+lookup"
-        self.pending: list[np.ndarray] = []
 
     def reset(self) -> None:
         self.head.reset()
-        self.pending = []
 
-    def propose(self, context: list[int], hidden, k: int, p_min: float = 0.0) -> Draft:
-        if hidden is not None and len(hidden):
-            self.pending.append(hidden)  # the decode loop hands over fresh arrays
-        d = self.lookup.propose(context, None, k)
+    def propose(self, context: list[int], hidden, k: int, p_min: float = 0.0,
+                limit: Limit | None = None) -> Draft:
+        self.head.keep(hidden)
+        d = self.lookup.propose(context, None, k, limit=limit)
         if d.tokens and self.lookup.last_match >= self.min_match:
             return d
-        rows = np.concatenate(self.pending) if self.pending else None
-        self.pending = []
-        return self.head.propose(context, rows, k, p_min)
+        return self.head.propose(context, None, k, p_min, limit)
 
 
 def make_drafter(draft: str | None, spec):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, one_line
 
 # -- the head's hyperparameters ---------------------------------------------------------------
 
@@ -90,6 +90,10 @@ def kept_positions(window: int) -> int:
 
 # -- checkpoint folders (`edgespec train`) ------------------------------------------------------
 CKPT_CONFIG, CKPT_WEIGHTS, CKPT_STATE = "config.json", "model.safetensors", "train_state.pt"
+# The config also rides in the weights file's metadata, so one atomic write saves a whole
+# checkpoint: config.json is a readable copy, and a save killed between the two files leaves
+# weights whose own config still describes them.
+CKPT_META_CONFIG = "edgespec.config"
 DRAFT_IDS = "draft_ids"  # the draft vocabulary's target ids, stored beside the weights
 
 # -- head GGUF (`edgespec export gguf`) ---------------------------------------------------------
@@ -136,20 +140,40 @@ class HeadFile:
     weights: dict[str, np.ndarray] | None = None
 
 
+def read_checkpoint_config(ckpt: str | Path) -> dict:
+    """A checkpoint's config: the copy inside its weights file, else (older checkpoints)
+    config.json."""
+    from safetensors import safe_open
+
+    ckpt = Path(ckpt)
+    if not (ckpt / CKPT_WEIGHTS).exists():
+        raise EdgespecError(f"{ckpt}: not a head checkpoint (missing {CKPT_WEIGHTS})")
+    try:
+        with safe_open(str(ckpt / CKPT_WEIGHTS), framework="np") as f:
+            inner = (f.metadata() or {}).get(CKPT_META_CONFIG)
+        if inner is None and not (ckpt / CKPT_CONFIG).exists():
+            raise EdgespecError(f"{ckpt}: not a head checkpoint (missing {CKPT_CONFIG})")
+        meta = json.loads(inner if inner is not None else (ckpt / CKPT_CONFIG).read_text())
+    except EdgespecError:
+        raise
+    except Exception as e:
+        raise EdgespecError(f"{ckpt}: unreadable checkpoint ({one_line(e)})") from None
+    if not isinstance(meta, dict):
+        raise EdgespecError(f"{ckpt}: checkpoint config is not a JSON object")
+    return meta
+
+
 def read_checkpoint(ckpt: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
     """A training checkpoint folder -> (meta, numpy weights incl. `draft_ids`)."""
     from safetensors.numpy import load_file
 
     ckpt = Path(ckpt)
-    for name in (CKPT_CONFIG, CKPT_WEIGHTS):
-        if not (ckpt / name).exists():
-            raise EdgespecError(f"{ckpt}: not a head checkpoint (missing {name})")
+    meta = read_checkpoint_config(ckpt)
     try:
-        meta = json.loads((ckpt / CKPT_CONFIG).read_text())
         weights = load_file(str(ckpt / CKPT_WEIGHTS))
     except Exception as e:
-        raise EdgespecError(f"{ckpt}: unreadable checkpoint ({e})") from None
-    if not isinstance(meta, dict) or "head" not in meta or DRAFT_IDS not in weights:
+        raise EdgespecError(f"{ckpt}: unreadable checkpoint ({one_line(e)})") from None
+    if "head" not in meta or DRAFT_IDS not in weights:
         raise EdgespecError(f"{ckpt}: checkpoint lacks its head config or draft vocabulary")
     for key in ("target", "target_fingerprint"):
         if not isinstance(meta.get(key), str):

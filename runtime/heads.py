@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, one_line
 from edgespec.runtime.formats import (HeadConfig, HeadFile, cache_names, kept_positions,
                                       read_checkpoint_head, read_head_gguf, read_onnx_head_meta)
 from edgespec.runtime.onnx_session import open_session
@@ -128,7 +128,21 @@ class OnnxHead:
         self.c = self.file.config
         self.past_names, present = cache_names(self.c.n_layer)
         self.out_names = ["logits", "hidden_out", *present]
+        self.path = Path(path)
+        self._check_graph()
         self.reset()
+
+    def _check_graph(self) -> None:
+        """The graph's inputs and outputs are the ones its metadata implies (a file may say one
+        thing and hold another)."""
+        ins = {i.name: i.shape for i in self.sess.get_inputs()}
+        outs = {o.name for o in self.sess.get_outputs()}
+        want_in = ["tok_emb", "hidden", "position", *self.past_names]
+        bad = sorted(set(want_in) ^ set(ins)) + sorted(set(self.out_names) - outs)
+        widths = [ins[n][-1] for n in ("tok_emb", "hidden") if n in ins and ins[n]]
+        if bad or any(isinstance(w, int) and w != self.c.n_embd for w in widths):
+            raise EdgespecError(f"{self.path}: the graph's inputs and outputs do not match its "
+                                "edgespec metadata; export the head again")
 
     def reset(self) -> None:
         z = np.zeros((1, self.c.n_head_kv, 0, self.c.head_dim), np.float32)
@@ -144,7 +158,14 @@ class OnnxHead:
         for i in range(self.c.n_layer):
             feed[self.past_names[2 * i]] = ks[i]
             feed[self.past_names[2 * i + 1]] = vs[i]
-        res = self.sess.run(self.out_names, feed)
+        try:
+            res = self.sess.run(self.out_names, feed)
+        except Exception as e:  # a graph that loads but cannot run (a damaged or foreign file)
+            raise EdgespecError(f"{self.path}: onnxruntime could not run the head "
+                                f"({one_line(e)})") from None
+        if res[0].shape != (1, self.c.n_draft_vocab) or res[1].shape != (len(tok_emb), self.c.n_embd):
+            raise EdgespecError(f"{self.path}: the head returned outputs of shapes {res[0].shape} "
+                                f"and {res[1].shape}, not what its metadata says")
         self.last_logits = res[0][0]
         new_k, new_v = res[2::2], res[3::2]
         if commit:

@@ -37,6 +37,12 @@ class FixedK:
         self.p_min = 0.0
 
     def next_k(self) -> int:
+        """The most drafts any source may make this pass."""
+        return self.k
+
+    def limit(self, source: str) -> int:
+        """The most drafts `source` should make this pass (asked before drafting: a draft
+        step not worth verifying is not worth computing)."""
         return self.k
 
     def trim(self, draft) -> int:
@@ -124,7 +130,7 @@ class VerifyCost:
     too few timings are interpolated between observed ones (past the longest, extended along
     its slope unless the scaled prior is lower), or else follow the prior scaled by how the
     observed lengths compare with theirs: a machine that got busier makes every length dearer
-    at once. The cost policy verifies a whole draft now and then, so long lengths get timings."""
+    at once. The cost policy tries a longer draft now and then, so longer lengths get timings."""
 
     MIN_OBS = 3
 
@@ -170,6 +176,10 @@ class VerifyCost:
                 curve.append(p * scale)
         self.curve = curve
 
+    def timed(self, n: int) -> bool:
+        """Whether passes over n tokens have been timed enough to go by their own median."""
+        return not 1 <= n <= len(self.prior) or self.est[n - 1] is not None
+
     def learned(self) -> list[float]:
         """The curve to store as the next prior: observed lengths as observed, others scaled."""
         return [round(x, 6) for x in self.curve]
@@ -199,20 +209,27 @@ def store_verify_cost(key: str, curve: list[float]) -> None:
 
 
 class CostAware(FixedK):
-    """Pick k before drafting from running per-position acceptance estimates, then trim the
-    drafted chain with the head's own confidences; both maximise expected tokens per second.
-    Estimates start optimistic (prior 0.8) so a fresh generation drafts at once and learns from
-    what gets accepted (EMA 0.2); each draft source has its own."""
+    """Pick each source's draft length before drafting from running per-position acceptance
+    estimates, then trim the drafted chain with the head's own confidences; both maximise
+    expected tokens per second. Estimates start optimistic (prior 0.8) so a fresh generation
+    drafts at once and learns from what gets accepted (EMA 0.2); each draft source has its own.
+
+    A source whose estimates say "fewer than k" is still tried one draft longer than they pay
+    for now and then (verified untrimmed), so its acceptance further out and the cost of longer
+    passes keep being measured and can recover. The wait between tries starts at `probe_every`
+    passes and doubles after each try that changes nothing (up to `max_probe_every`): a source
+    that never pays costs next to nothing."""
 
     name = "cost"
 
     def __init__(self, k: int, verify_cost: list[float] | VerifyCost, draft_step_s: float = 0.002,
                  prior: float = 0.8, ema: float = 0.2, probe_every: int = 16,
-                 acceptance_key: str | None = None):
+                 max_probe_every: int = 256, acceptance_key: str | None = None):
         super().__init__(k)
-        self.probe_every, self._since_probe = probe_every, 0
-        self._probe = False  # the next draft is a probe: verify it whole
-        self._skips: dict[str, int] = {}  # per source, drafts trimmed away since its last probe
+        self.probe_every, self.max_probe_every = probe_every, max_probe_every
+        self._every: dict[str, int] = {}  # per source, passes between tries
+        self._wait: dict[str, int] = {}  # per source, passes held short since its last try
+        self._trying: dict[str, tuple[int, int]] = {}  # source -> (tried length, best before)
         if len(verify_cost) < k + 1:
             raise ValueError("verify_cost needs k + 1 entries")
         # c[n - 1]: the cost of verifying n tokens, learned from the loop's timings as it runs
@@ -254,42 +271,39 @@ class CostAware(FixedK):
                 best_k, best = j, rate
         return best_k
 
-    def next_k(self) -> int:
-        # a mixed drafter may draft from any source: allow the longest any of them would pay for
-        best = max(self._best(a) for a in (list(self.accs.values()) or [[self.prior] * self.k]))
+    def limit(self, source: str) -> int:
+        best = self._best(self._acc(source))
         if best >= self.k:
-            return best
-        # Estimates say "draft less than k" (or nothing): probe with a full draft now and then,
-        # verified untrimmed, so that the acceptance of every position and the cost of every
-        # length keep being measured and can recover.
-        self._since_probe += 1
-        if self._since_probe >= self.probe_every:
-            self._since_probe = 0
-            self._probe = True
             return self.k
-        return best
+        wait = self._wait.get(source, 0) + 1
+        if wait < self._every.get(source, self.probe_every):
+            self._wait[source] = wait
+            return best
+        self._wait[source] = 0
+        self._trying[source] = (best + 1, best)
+        return best + 1
 
     def trim(self, draft) -> int:
-        if self._probe:
-            self._probe = False
-            return len(draft.tokens)
+        if draft.source in self._trying:
+            return len(draft.tokens)  # a try is verified whole
         acc = self._acc(draft.source)
         if not draft.conf:
-            n = self._best(acc[:len(draft.tokens)])
-        else:
-            n = self._best([min(p, a) for p, a in zip(draft.conf, acc)])
-        if n == 0 and draft.tokens:  # this source does not pay now: verify one in probe_every
-            skips = self._skips.get(draft.source, 0) + 1
-            if skips >= self.probe_every:
-                skips, n = 0, len(draft.tokens)
-            self._skips[draft.source] = skips
-        return n
+            return self._best(acc[:len(draft.tokens)])
+        return self._best([min(p, a) for p, a in zip(draft.conf, acc)])
 
     def update(self, drafted: int, accepted: int, source: str = "") -> None:
         acc = self._acc(source)
         for j in range(min(drafted, accepted + 1)):
             hit = 1.0 if j < accepted else 0.0
             acc[j] += self.ema * (hit - acc[j])
+        tried, self._trying = self._trying, {}  # a try whose source did not draft lapses
+        if source in tried:
+            length, before = tried[source]
+            every = self._every.get(source, self.probe_every)
+            if self._best(acc) > before:
+                self._every[source] = self.probe_every
+            elif self.c.timed(length + 1):  # a try only counts once its pass length is timed
+                self._every[source] = min(2 * every, self.max_probe_every)
 
     def observe_draft_time(self, seconds: float, steps: int) -> None:
         if steps:

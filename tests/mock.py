@@ -85,9 +85,11 @@ class NoisyOracle:
     def reset(self):
         pass
 
-    def propose(self, context, hidden, k, p_min=0.0):
+    def propose(self, context, hidden, k, p_min=0.0, limit=None):
         from edgespec.runtime.decoding import Draft
 
+        if limit:
+            k = min(k, limit(""))
         ctx, out = list(context), []
         for _ in range(k):
             tok = int(np.argmax(self.t.logits_after(ctx)))
@@ -111,9 +113,11 @@ class SamplingDrafter:
     def reset(self):
         pass
 
-    def propose(self, context, hidden, k, p_min=0.0):
+    def propose(self, context, hidden, k, p_min=0.0, limit=None):
         from edgespec.runtime.decoding import Draft
 
+        if limit:
+            k = min(k, limit(""))
         toks = [int(self.rng.choice(self.ids, p=self.q)) for _ in range(k)]
         return Draft(toks, [(self.ids, self.q)] * k)
 

@@ -3,7 +3,7 @@
 import numpy as np
 
 from edgespec.runtime.decoding import Draft
-from edgespec.runtime.drafters import MixedDrafter, PromptLookup
+from edgespec.runtime.drafters import HeadDrafter, MixedDrafter, PromptLookup
 
 
 def test_lookup_proposes_the_continuation_of_the_latest_match():
@@ -14,17 +14,20 @@ def test_lookup_proposes_the_continuation_of_the_latest_match():
     assert d.propose([4, 1, 2, 4], None, 5).tokens == [1, 2, 4]  # 1-gram fallback, up to the end
 
 
-class RecordingHead:
+class RecordingHead(HeadDrafter):
+    """The head drafter's own row keeping, with the head's forward replaced by a recorder."""
+
     name = "fake-head"
 
     def __init__(self):
-        self.calls = []
+        self.calls, self.pending = [], []
 
     def reset(self):
         self.calls.clear()
+        self.pending = []
 
-    def propose(self, context, hidden, k, p_min=0.0):
-        self.calls.append((len(context), None if hidden is None else hidden.copy()))
+    def _chain(self, context, hidden, k, p_min):
+        self.calls.append((len(context), hidden.copy()))
         return Draft([42] * k, conf=[0.9] * k, source="head")
 
 
@@ -54,3 +57,18 @@ def test_no_default_head_for_an_unknown_target():
 
     with pytest.raises(EdgespecError, match="no default head ships for target other"):
         default_head(SimpleNamespace(tokenizer_fingerprint="0000", name="other"))
+
+
+def test_drafters_ask_the_policy_before_drafting():
+    """A source the policy holds at zero drafts nothing (no head steps computed), while its
+    rows still reach the head the next time it may draft."""
+    head = RecordingHead()
+    d = MixedDrafter(head, PromptLookup(max_ngram=3), min_match=2)
+    limits = {"lookup": 0, "head": 0}
+    rows = [np.full((1, 4), i, np.float32) for i in range(2)]
+    got = d.propose([1, 2, 3, 5, 1, 2], rows[0], 3, limit=limits.get)
+    assert got.tokens == [] and not head.calls
+    limits.update(lookup=1, head=2)
+    assert d.propose([1, 2, 3, 5, 1, 2], rows[1], 3, limit=limits.get).tokens == [3]
+    got = d.propose([7, 8, 9], None, 3, limit=limits.get)
+    assert got.tokens == [42, 42] and head.calls[0][1].shape == (2, 4)

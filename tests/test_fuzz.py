@@ -1,5 +1,6 @@
 """Readers of untrusted bytes fail only with the project's own one-line error: GGUF headers and
-target specs, head GGUF files, checkpoint configs, feature manifests, low-rank basis files.
+target specs, head GGUF and ONNX files, checkpoint configs, feature manifests, low-rank basis
+files.
 A short hypothesis run here; named cases for the corruptions found by hand."""
 
 import json
@@ -158,22 +159,62 @@ JSONISH = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 
 @FUZZ
 @given(key=st.sampled_from(["head", "target", "target_fingerprint", "draft_vocab", "n_embd",
                             "layer_types", "n_head", "n_head_kv", "head_dim", "sliding_window"]),
-       value=JSONISH)
-def test_fuzz_checkpoint_config(head_files, tmp_path, key, value):
+       value=JSONISH, inner=st.booleans())
+def test_fuzz_checkpoint_config(head_files, tmp_path, key, value, inner):
+    """The config in config.json (older checkpoints) or inside the weights file's metadata."""
     import shutil
 
-    from edgespec.runtime.formats import read_checkpoint_head
+    from safetensors.numpy import load_file, save_file
+
+    from edgespec.runtime.formats import CKPT_META_CONFIG, read_checkpoint_head
 
     ckpt = tmp_path / "c"
-    if not ckpt.exists():
-        shutil.copytree(head_files[0], ckpt)
+    if ckpt.exists():
+        shutil.rmtree(ckpt)
+    shutil.copytree(head_files[0], ckpt)
     meta = json.loads((head_files[0] / "config.json").read_text())
     if key in meta:
         meta[key] = value
     else:
         meta["head"][key] = value
-    (ckpt / "config.json").write_text(json.dumps(meta))
+    if inner:
+        w = ckpt / "model.safetensors"
+        save_file(load_file(str(w)), str(w), metadata={CKPT_META_CONFIG: json.dumps(meta)})
+    else:
+        (ckpt / "config.json").write_text(json.dumps(meta))
     only_clean_errors(lambda: read_checkpoint_head(ckpt))
+
+
+@pytest.fixture(scope="module")
+def head_onnx(tmp_path_factory):
+    """A tiny head's ONNX export (fp32), as bytes."""
+    pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    from edgespec.exporters.onnx_head import write_head_onnx
+    from test_exporters import make_ckpt
+
+    tmp = tmp_path_factory.mktemp("onnxhead")
+    _, ckpt = make_ckpt(tmp)
+    write_head_onnx(ckpt, tmp / "h.onnx", "fp32")
+    return (tmp / "h.onnx").read_bytes()
+
+
+@FUZZ
+@given(edits=EDITS, cut=st.one_of(st.none(), st.integers(1, 1 << 17)))
+def test_fuzz_head_onnx(head_onnx, tmp_path, edits, cut):
+    """A damaged head ONNX file: refused at load or at its first run, with the one-line error."""
+    from edgespec.runtime.heads import load_head
+
+    f = tmp_path / "h.onnx"
+    f.write_bytes(mutate(head_onnx, edits, cut))
+
+    def load_and_run():
+        head, info = load_head(f)
+        rows = np.ones((3, info.config.n_embd), np.float32)
+        out, _ = head.forward(rows, rows, 0, commit=True)
+        head.forward(rows[:1], out[-1:], 3, commit=False)
+
+    only_clean_errors(load_and_run)
 
 
 @FUZZ

@@ -8,18 +8,39 @@ from edgespec.runtime.policies import CostAware
 
 def test_cost_policy_drafts_when_verification_is_cheap_and_drafts_good():
     cheap = CostAware(4, [0.010, 0.011, 0.012, 0.013, 0.014], draft_step_s=0.0005, prior=0.8)
-    assert cheap.next_k() == 4
+    assert cheap.limit("") == 4
     dear = CostAware(4, [0.010, 0.020, 0.030, 0.040, 0.050], draft_step_s=0.002, prior=0.5)
-    ks = [dear.next_k() for _ in range(32)]
-    assert ks.count(0) == 30 and ks.count(4) == 2  # only the periodic probes draft (all k)
-    assert dear.trim(Draft([1, 2, 3, 4])) == 4  # the last probe is verified untrimmed
+    ks = [dear.limit("") for _ in range(32)]
+    assert ks.count(0) == 30 and ks.count(1) == 2  # only the periodic tries draft, one longer
+    assert dear.trim(Draft([1])) == 1  # the last try is verified untrimmed
+
+
+def test_tries_that_change_nothing_back_off():
+    """A source that never pays is tried ever more rarely once the tried pass length is timed
+    (three timings): its cost tends to nothing."""
+    p = CostAware(3, [0.010, 0.020, 0.030, 0.040], draft_step_s=0.002, prior=0.1,
+                  probe_every=4, max_probe_every=32)
+    tries = []
+    for i in range(200):
+        n = p.limit("head")
+        if n:
+            tries.append(i)
+        p.observe_verify(n + 1, 0.010 * (n + 1))
+        p.update(n, 0, "head")
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert gaps[:6] == [4, 4, 8, 16, 32, 32]
+    good = CostAware(3, [0.010, 0.011, 0.012, 0.013], draft_step_s=1e-4, prior=0.1, probe_every=4)
+    for _ in range(40):  # tries that get accepted raise the estimate: the source drafts again
+        p_n = good.limit("head")
+        good.update(p_n, p_n, "head")
+    assert good.limit("head") == 3
 
 
 def test_cost_policy_learns_from_acceptance_and_trims_by_confidence():
     p = CostAware(3, [0.010, 0.013, 0.016, 0.019], draft_step_s=0.001, prior=0.5)
     for _ in range(60):
         p.update(3, 3)  # every draft accepted
-    assert p.next_k() == 3
+    assert p.limit("") == 3
     assert p.trim(Draft([1, 2, 3], conf=[0.95, 0.9, 0.05])) == 2
     for _ in range(200):
         p.update(3, 0)  # every first draft rejected
@@ -28,15 +49,15 @@ def test_cost_policy_learns_from_acceptance_and_trims_by_confidence():
 
 def test_cost_policy_keeps_apart_estimates_per_draft_source():
     """A mixed drafter: lookup drafts keep being accepted, head drafts rejected. The policy
-    still drafts (for lookup) but trims head drafts to nothing."""
+    still lets lookup draft but holds the head at nothing, bar the periodic tries."""
     p = CostAware(3, [0.010, 0.013, 0.016, 0.019], draft_step_s=0.001, prior=0.5)
     for _ in range(100):
         p.update(3, 3, "lookup")
         p.update(3, 0, "head")
-    assert p.next_k() == 3
+    assert p.limit("lookup") == 3
     assert p.trim(Draft([1, 2, 3], source="lookup")) == 3
-    trims = [p.trim(Draft([1, 2, 3], conf=[0.9, 0.9, 0.9], source="head")) for _ in range(32)]
-    assert trims.count(0) == 30 and trims.count(3) == 2  # head drafts: only probes are verified
+    limits = [p.limit("head") for _ in range(32)]
+    assert limits.count(0) == 30 and limits.count(1) == 2
 
 
 def test_make_policy_takes_the_engines_draft_length_when_none_is_given():
@@ -137,13 +158,13 @@ def test_learned_curve_is_stored_as_the_next_prior(tmp_path, monkeypatch):
 
 def test_cost_policy_explores_lengths_its_prior_calls_dear():
     """A prior whose tail is too steep would keep drafts short for ever (no timing of the long
-    lengths ever arrives); whole-draft probes every `probe_every` passes time them, and the
-    policy moves to the long drafts the machine really pays for."""
+    lengths ever arrives); tries one draft longer every `probe_every` passes time them, and
+    the policy moves to the long drafts the machine really pays for."""
     true = [0.010, 0.011, 0.012, 0.013, 0.014]
     p = CostAware(4, [0.010, 0.011, 0.012, 0.060, 0.080], draft_step_s=1e-4, prior=0.9, probe_every=8)
     ks = []
     for _ in range(80):
-        k = p.next_k()
+        k = p.limit("")
         n = p.trim(Draft([7] * k, conf=[0.95] * k)) if k else 0
         p.observe_verify(n + 1, true[n])
         p.update(n, n)
@@ -158,10 +179,10 @@ def test_acceptance_carries_over_between_generations(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
     costs = [0.010, 0.011, 0.012, 0.013]
     first = CostAware(3, costs, draft_step_s=1e-4, acceptance_key="k|sampled")
-    assert first.next_k() == 3  # optimistic at first
+    assert first.limit("head") == 3  # optimistic at first
     for _ in range(40):
         first.update(3, 0, "head")
     first.finish()
     second = CostAware(3, costs, draft_step_s=1e-4, acceptance_key="k|sampled")
-    assert second.acc_for("head")[0] < 0.05 and second.next_k() == 0
-    assert CostAware(3, costs, draft_step_s=1e-4, acceptance_key="other").next_k() == 3
+    assert second.acc_for("head")[0] < 0.05 and second.limit("head") == 0
+    assert CostAware(3, costs, draft_step_s=1e-4, acceptance_key="other").limit("head") == 3

@@ -221,3 +221,22 @@ def test_kill_soak_training_resumes_to_the_same_weights(tiny):
     assert any(0 < s < 80 for s in steps), steps  # at least one resume from the middle
     a, b = load_file(str(tmp / "whole" / "model.safetensors")), load_file(str(tmp / "soaked" / "model.safetensors"))
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+def test_a_checkpoint_is_whole_after_its_weights_are_saved(tmp_path):
+    """The weights file carries the config: a save killed before config.json was rewritten
+    (here: a stale config.json from another save) still loads as the weights describe."""
+    from edgespec.runtime.formats import read_checkpoint_head
+    from edgespec.training.train import load_checkpoint
+    from test_exporters import make_ckpt
+
+    head, ckpt = make_ckpt(tmp_path)
+    stale = json.loads((ckpt / "config.json").read_text())
+    stale["head"]["n_layer"] = 7
+    stale["target_fingerprint"] = "from-an-older-save"
+    (ckpt / "config.json").write_text(json.dumps(stale))
+    loaded, meta = load_checkpoint(ckpt)
+    assert meta["target_fingerprint"] == "abc" and loaded.c == head.c
+    assert read_checkpoint_head(ckpt).fingerprint == "abc"
+    (ckpt / "config.json").unlink()  # killed before the first config.json was written
+    assert read_checkpoint_head(ckpt).config == head.c

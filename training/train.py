@@ -23,8 +23,9 @@ import torch.nn.functional as F
 
 from edgespec.errors import EdgespecError
 from edgespec.gguf_meta import TensorRows
-from edgespec.io import atomic_write, atomic_write_text, progress, read_json
-from edgespec.runtime.formats import CKPT_CONFIG, CKPT_STATE, CKPT_WEIGHTS, DRAFT_IDS, HeadConfig
+from edgespec.io import atomic_write, atomic_write_text, progress
+from edgespec.runtime.formats import (CKPT_CONFIG, CKPT_META_CONFIG, CKPT_STATE, CKPT_WEIGHTS, DRAFT_IDS,
+                                       HeadConfig, read_checkpoint_config)
 from edgespec.targets import KNOWN_TARGETS, TargetSpec, embedding_rows, load_target_spec
 from edgespec.training.features import Features, open_features
 from edgespec.training.head import MTPHead
@@ -151,21 +152,22 @@ def save_checkpoint(folder: Path, head: MTPHead, meta: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
     state[DRAFT_IDS] = torch.as_tensor(meta["draft_vocab"]["ids"])
-    atomic_write(folder / CKPT_WEIGHTS, lambda tmp: save_file(state, tmp))
     cfg = dict(meta)
     cfg["draft_vocab"] = {k: v for k, v in meta["draft_vocab"].items() if k not in ("ids", "d2t")}
     cfg["head"] = head.c.to_dict()
-    atomic_write_text(folder / CKPT_CONFIG, json.dumps(cfg, indent=1))
+    text = json.dumps(cfg, indent=1)
+    # The weights file carries its config (the checkpoint is whole after this one rename);
+    # config.json follows as the readable copy.
+    atomic_write(folder / CKPT_WEIGHTS,
+                 lambda tmp: save_file(state, tmp, metadata={CKPT_META_CONFIG: text}))
+    atomic_write_text(folder / CKPT_CONFIG, text)
 
 
 def load_checkpoint(folder: str | Path) -> tuple[MTPHead, dict]:
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    for name in (CKPT_CONFIG, CKPT_WEIGHTS):
-        if not (folder / name).exists():
-            raise EdgespecError(f"{folder}: not a head checkpoint (missing {name})")
-    meta = read_json(folder / CKPT_CONFIG)
+    meta = read_checkpoint_config(folder)
     try:
         state = load_file(str(folder / CKPT_WEIGHTS))
     except Exception as e:

@@ -182,6 +182,7 @@ class Generation:
         self.want_hidden = bool(drafter and drafter.needs_hidden)
         self.stats = Stats(prompt_tokens=len(prompt))
         self.text = ""
+        self._shown = 0  # characters of `text` handed out as pieces so far
         self.token_ids: list[int] = []
         self.context: list[int] = []  # every token so far, the pending one included
         self.pending = prompt[-1]  # the newest token: chosen, not yet in the cache
@@ -207,8 +208,10 @@ class Generation:
                 self._rollback(draft, n_acc, hidden)
                 st.verify_s += time.perf_counter() - tv
                 self._feedback(draft, n_acc)
-                for tok in draft.tokens[:n_acc] + [nxt]:
-                    piece = self._emit(tok)
+                toks = draft.tokens[:n_acc] + [nxt]
+                full = self._room() < 0  # no room to check `nxt`: this pass ends the generation
+                for i, tok in enumerate(toks):
+                    piece = self._emit(tok, "context" if full and i == len(toks) - 1 else None)
                     yield tok, piece
                     if st.finish_reason:
                         return
@@ -233,9 +236,13 @@ class Generation:
         self.context = list(self.prompt)
         self.stats.prefill_s = time.perf_counter() - t0
 
+    def _room(self) -> int:
+        """Tokens the cache can still take after the pending one."""
+        return self.target.n_ctx - len(self.target.tokens) - 1
+
     def _draft_length(self) -> int | None:
         """The most tokens to draft now (policy, context room, tokens left); None: context full."""
-        room = self.target.n_ctx - len(self.target.tokens) - 1
+        room = self._room()
         if room < 0:
             return None
         return min(self.policy.next_k(), room, self.max_tokens - self.stats.tokens - 1)
@@ -293,25 +300,42 @@ class Generation:
             st.accepted_at[i] += int(i < n_acc)
         self.policy.update(n, n_acc, draft.source)
 
-    def _emit(self, tok: int) -> str:
-        """Record one emitted token; its text piece (stop strings cut, "" at end of generation)."""
+    def _emit(self, tok: int, end: str | None = None) -> str:
+        """Record one emitted token; the text that may be shown now. Text that could still
+        become the start of a stop string is held back until it cannot (or the generation
+        ends), so streamed pieces always join to `text`. `end`: a finish reason that this
+        token brings (the context is full)."""
         st = self.stats
         st.tokens += 1
         self.token_ids.append(tok)
         self.context.append(tok)
         if self.target.is_eog(tok):
             st.finish_reason = "stop"
-            return ""
-        piece = self._utf8.decode(self.target.token_bytes(tok))
-        self.text += piece
+        else:
+            piece = self._utf8.decode(self.target.token_bytes(tok))
+            self.text += piece
+            for s in self.stop:
+                at = self.text.find(s, max(0, len(self.text) - len(piece) - len(s)))
+                if at >= 0:
+                    self.text = self.text[:at]
+                    st.finish_reason = "stop"
+                    break
+        if not st.finish_reason:
+            if st.tokens >= self.max_tokens:
+                st.finish_reason = "length"
+            elif end:
+                st.finish_reason = end
+        hold = 0 if st.finish_reason else self._stop_prefix()
+        shown = self.text[self._shown:len(self.text) - hold]
+        self._shown += len(shown)
+        return shown
+
+    def _stop_prefix(self) -> int:
+        """The length of the longest end of `text` that a stop string starts with."""
+        text, best = self.text, 0
         for s in self.stop:
-            at = self.text.find(s, max(0, len(self.text) - len(piece) - len(s)))
-            if at >= 0:
-                cut = len(self.text) - at
-                self.text = self.text[:at]
-                piece = piece[:max(0, len(piece) - cut)]
-                st.finish_reason = "stop"
-                return piece
-        if st.tokens >= self.max_tokens:
-            st.finish_reason = "length"
-        return piece
+            for n in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:n]):
+                    best = n
+                    break
+        return best

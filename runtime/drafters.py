@@ -65,9 +65,14 @@ def single_thread_blas() -> None:
 
 
 class HeadDrafter:
-    """Drafts with a trained MTP head next to its target: greedy chain, confidence stop."""
+    """Drafts with a trained MTP head next to its target: greedy chain, confidence stop.
+
+    Rows that arrive while the head is not drafting wait; when it next drafts it reads at most
+    the last `max_catch_up` of them (restarting its cache there, as at a prompt, whose last 32
+    positions it reads), so a long pause never makes one draft step cost a long prefill."""
 
     needs_hidden = True
+    max_catch_up = 32
 
     def __init__(self, path: str | Path, target_spec):
         """`path`: a head GGUF or ONNX file (`edgespec export gguf|onnx`) or a training
@@ -91,6 +96,8 @@ class HeadDrafter:
         """Hidden rows for later: the head reads them, in one batch, when it next drafts."""
         if hidden is not None and len(hidden):
             self.pending.append(hidden)  # the decode loop hands over fresh arrays
+            while len(self.pending) > 1 and sum(map(len, self.pending[1:])) >= self.max_catch_up:
+                self.pending.pop(0)
 
     def propose(self, context: list[int], hidden: np.ndarray | None, k: int,
                 p_min: float = 0.0, limit: Limit | None = None) -> Draft:
@@ -101,7 +108,7 @@ class HeadDrafter:
             k = min(k, limit("head"))
         if k <= 0 or not self.pending:
             return Draft([], source="head")
-        hidden = np.concatenate(self.pending)
+        hidden = np.concatenate(self.pending)[-self.max_catch_up:]
         self.pending = []
         return self._chain(context, hidden, k, p_min)
 

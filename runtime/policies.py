@@ -185,19 +185,31 @@ class VerifyCost:
         return [round(x, 6) for x in self.curve]
 
 
+# The curves being learned in this process, by cache root and key: one engine's successive
+# generations share one curve and its recent timings.
+_LIVE: dict[tuple[str, str], VerifyCost] = {}
+
+
 def measure_verify_cost(engine, n_max: int, repeats: int = 5, top_only: bool = True) -> VerifyCost:
-    """The verify-cost curve for n = 1..n_max: the stored prior for this machine, engine, target
-    and LM head, or a short measurement the first time; either way learned online after."""
+    """The verify-cost curve for n = 1..n_max: the one this process is learning for this
+    machine, engine, target and LM head, else the stored prior, else a short measurement;
+    learned online after."""
     key = cost_key(engine, top_only)
+    live = _LIVE.get((str(cache.cache_root()), key))
+    if live is not None and len(live) >= n_max:
+        return live
     stored = cache.read_json(COST_FILE).get(key)
     if isinstance(stored, list) and len(stored) >= n_max and all(
             isinstance(x, (int, float)) and x > 0 for x in stored[:n_max]):
-        return VerifyCost(stored[:n_max], key=key)
-    saved = list(engine.tokens)
-    costs = [ms / 1000 for ms in verify_cost_curve(engine, n_max, repeats, top_only)]
-    engine.prefill(saved)
-    store_verify_cost(key, costs)
-    return VerifyCost(costs, key=key)
+        curve = VerifyCost(stored, key=key)
+    else:
+        saved = list(engine.tokens)
+        costs = [ms / 1000 for ms in verify_cost_curve(engine, n_max, repeats, top_only)]
+        engine.prefill(saved)
+        store_verify_cost(key, costs)
+        curve = VerifyCost(costs, key=key)
+    _LIVE[(str(cache.cache_root()), key)] = curve
+    return curve
 
 
 def store_verify_cost(key: str, curve: list[float]) -> None:
@@ -241,10 +253,21 @@ class CostAware(FixedK):
         self.acceptance_key = acceptance_key
         self.accs: dict[str, list[float]] = {}
         stored = cache.read_json(ACCEPTANCE_FILE).get(acceptance_key) if acceptance_key else None
-        for source, acc in (stored.items() if isinstance(stored, dict) else ()):
-            if isinstance(acc, list) and all(isinstance(a, (int, float)) and 0 <= a <= 1 for a in acc):
-                self.accs[str(source)] = (list(acc) + [prior] * k)[:k]
+        for source, entry in (stored.items() if isinstance(stored, dict) else ()):
+            self._restore(str(source), entry)
         self.ema = ema
+
+    def _restore(self, source: str, entry) -> None:
+        """One source's state as the last generation left it: acceptance estimates and where
+        its tries stood (so a source that never pays stays rarely tried across prompts)."""
+        entry = entry if isinstance(entry, dict) else {"acc": entry}
+        acc = entry.get("acc")
+        if isinstance(acc, list) and all(isinstance(a, (int, float)) and 0 <= a <= 1 for a in acc):
+            self.accs[source] = (list(acc) + [self.prior] * self.k)[:self.k]
+        for name, into in (("every", self._every), ("wait", self._wait)):
+            v = entry.get(name)
+            if isinstance(v, int) and 0 <= v <= self.max_probe_every:
+                into[source] = max(v, self.probe_every) if name == "every" else v
 
     @property
     def acc(self) -> list[float]:
@@ -317,8 +340,9 @@ class CostAware(FixedK):
         if self.c.key:
             store_verify_cost(self.c.key, self.c.learned())
         if self.acceptance_key and self.accs:
-            cache.put_json(ACCEPTANCE_FILE, self.acceptance_key,
-                           {s: [round(a, 4) for a in acc] for s, acc in self.accs.items()})
+            cache.put_json(ACCEPTANCE_FILE, self.acceptance_key, {
+                s: {"acc": [round(a, 4) for a in acc], "every": self._every.get(s, self.probe_every),
+                    "wait": self._wait.get(s, 0)} for s, acc in self.accs.items()})
 
 
 def default_k(engine, greedy: bool = True) -> int:

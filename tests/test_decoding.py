@@ -1,7 +1,11 @@
 """Decoding logic on a mock target: lossless greedy, lossless sampling, stopping, rollback."""
 
+import os
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.decoding import Generation
@@ -69,6 +73,49 @@ def test_stops_on_eog_and_stop_string():
     _, g2 = run(t2, [1, 2], 30, NoisyOracle(t2, err=0.0), k=4, stop=[stop])
     assert g2.text == text[: text.index(stop)] and g2.stats.finish_reason == "stop"
 
+
+
+class Pieces(MockTarget):
+    """A mock whose tokens are the given text pieces (empty and multi-character ones too)."""
+
+    def __init__(self, pieces, seed):
+        super().__init__(vocab=len(pieces), seed=seed)
+        self.pieces = pieces
+
+    def token_bytes(self, token):
+        return self.pieces[token].encode()
+
+
+ALPHABET = "ab\nU:"
+
+
+@settings(max_examples=int(os.environ.get("EDGESPEC_FUZZ_EXAMPLES", "150")), deadline=None,
+          database=None)
+@given(pieces=st.lists(st.text(ALPHABET, max_size=3), min_size=3, max_size=8),
+       stops=st.lists(st.text(ALPHABET, min_size=1, max_size=4), max_size=3),
+       seed=st.integers(0, 30), k=st.integers(0, 4), n=st.integers(1, 40))
+def test_streamed_pieces_join_to_the_text_cut_at_the_first_stop(pieces, stops, seed, k, n):
+    """Text that could still begin a stop string is held back: the streamed pieces never show
+    a stop string's start, and join to exactly the final text, for any stops and any split
+    of the text into tokens (drafted or not, ended by a stop, by length or by the context)."""
+    t = Pieces(pieces, seed)
+    t.n_ctx = 2 + n + seed % 3  # sometimes the context, not max_tokens, ends it
+    g = Generation(t, [1, 2], SamplingParams(), max_tokens=n,
+                   drafter=NoisyOracle(t, err=0.3, seed=seed) if k else None, policy=FixedK(k),
+                   stop=stops)
+    shown = ""
+    for _, piece in g:
+        shown += piece
+        assert not any(s in shown for s in stops)
+    assert shown == g.text
+    want = ""  # llama-cpp-python's rule: after each token, the first listed stop found cuts
+    for tok in plain_greedy(t, [1, 2], len(g.token_ids)):
+        want += pieces[tok]
+        hit = next((s for s in stops if s in want), None)
+        if hit:
+            want = want[:want.index(hit)]
+            break
+    assert g.text == want
 
 def test_context_limit_ends_generation():
     t = MockTarget(n_ctx=20)

@@ -72,3 +72,16 @@ def test_drafters_ask_the_policy_before_drafting():
     assert d.propose([1, 2, 3, 5, 1, 2], rows[1], 3, limit=limits.get).tokens == [3]
     got = d.propose([7, 8, 9], None, 3, limit=limits.get)
     assert got.tokens == [42, 42] and head.calls[0][1].shape == (2, 4)
+
+
+def test_a_long_pause_costs_the_head_one_short_catch_up():
+    """Rows pile up while the head is held at zero; it then reads only the last
+    `max_catch_up` of them, the newest last, and keeps no more than that meanwhile."""
+    head = RecordingHead()
+    rows = [np.full((5, 4), i, np.float32) for i in range(20)]
+    for r in rows:
+        head.propose([1, 2, 3], r, 3, limit=lambda s: 0)
+    assert sum(map(len, head.pending)) < head.max_catch_up + 5
+    head.propose([1, 2, 3], None, 3)
+    (_, fed), = head.calls
+    assert len(fed) == head.max_catch_up and fed[-1, 0] == 19

@@ -186,3 +186,28 @@ def test_acceptance_carries_over_between_generations(tmp_path, monkeypatch):
     second = CostAware(3, costs, draft_step_s=1e-4, acceptance_key="k|sampled")
     assert second.acc_for("head")[0] < 0.05 and second.limit("head") == 0
     assert CostAware(3, costs, draft_step_s=1e-4, acceptance_key="other").limit("head") == 3
+
+
+def test_try_back_off_carries_over_between_generations(tmp_path, monkeypatch):
+    """Short generations must not each start trying a source that never pays afresh (one
+    engine's generations share its live cost curve, as `measure_verify_cost` hands out)."""
+    from edgespec.runtime.policies import VerifyCost
+
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
+    costs = [0.010, 0.020, 0.030, 0.040]
+    live = VerifyCost(costs)
+
+    def generation(n_passes):
+        p = CostAware(3, live, draft_step_s=0.002, prior=0.1, probe_every=4, max_probe_every=64,
+                      acceptance_key="k|sampled")
+        tries = 0
+        for _ in range(n_passes):
+            n = p.limit("head")
+            tries += n > 0
+            p.observe_verify(n + 1, costs[n])
+            p.update(n, 0, "head")
+        p.finish()
+        return tries
+
+    first = [generation(40) for _ in range(6)]
+    assert first[0] >= 3 and sum(first[3:]) <= 2  # backed off, and it stays backed off

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol
@@ -90,6 +91,7 @@ class Drafter(Protocol):
 @dataclass
 class Stats:
     prompt_tokens: int = 0
+    prompt_reused: int = 0  # prompt tokens whose cache entries a previous call left (not decoded)
     tokens: int = 0  # emitted
     verify_passes: int = 0
     drafted: int = 0  # draft tokens sent to verification
@@ -117,8 +119,8 @@ class Stats:
 
     def to_dict(self) -> dict:
         return {
-            "prompt_tokens": self.prompt_tokens, "tokens": self.tokens,
-            "verify_passes": self.verify_passes, "drafted": self.drafted,
+            "prompt_tokens": self.prompt_tokens, "prompt_reused": self.prompt_reused,
+            "tokens": self.tokens, "verify_passes": self.verify_passes, "drafted": self.drafted,
             "draft_steps": self.draft_steps,
             "accepted": self.accepted, "mean_accepted": round(self.mean_accepted, 4),
             "acceptance_by_position": [round(x, 4) for x in self.acceptance_by_position()],
@@ -157,6 +159,17 @@ def _accept_sampled(logits: np.ndarray, draft: Draft, sp: SamplingParams,
     return len(draft.tokens), sample(logits[len(draft.tokens)], sp, rng)
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if len(diff) else n
+
+
+# Which generation each target's cache belongs to: a generation whose cache another one took
+# over (two streams from one model, read in turn) stops with a clear error, not garbage.
+_OWNER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class Generation:
     """Iterate to stream (token id, text piece) pairs; `stats` fills in as it runs.
 
@@ -166,7 +179,8 @@ class Generation:
 
     def __init__(self, target: Target, prompt: list[int], sampling: SamplingParams,
                  max_tokens: int = 128, drafter: Drafter | None = None, policy=None,
-                 stop: list[str] | None = None, prompt_hidden: int = 32):
+                 stop: list[str] | None = None, prompt_hidden: int = 32,
+                 reuse_prefix: bool = True):
         if not prompt:
             raise EdgespecError("empty prompt: give some text to continue")
         if max_tokens < 1:
@@ -179,6 +193,7 @@ class Generation:
         self.policy = policy or FixedK(4 if drafter else 0)
         self.stop = [s for s in (stop or []) if s]
         self.prompt_hidden = prompt_hidden  # prompt positions whose hidden states the head sees
+        self.reuse_prefix = reuse_prefix  # keep the cache's common prefix with this prompt
         self.want_hidden = bool(drafter and drafter.needs_hidden)
         self.stats = Stats(prompt_tokens=len(prompt))
         self.text = ""
@@ -196,6 +211,9 @@ class Generation:
         t_start = time.perf_counter()
         try:
             while True:
+                if _OWNER.get(self.target) is not self:
+                    raise EdgespecError("another generation used this model since this one "
+                                        "started; finish one stream before reading another")
                 k = self._draft_length()
                 if k is None:
                     st.finish_reason = "context"
@@ -223,14 +241,22 @@ class Generation:
             self.policy.finish()
 
     def _prefill(self) -> None:
-        """The prompt but its last token into the cache; the head's prompt rows read on the way."""
+        """The prompt but its last token into the cache; the head's prompt rows read on the way.
+        What the cache already holds of the prompt's start (the last call's prompt and reply,
+        in a chat) is kept, as llama_cpp.Llama does: only the rest is decoded."""
         t, t0 = self.target, time.perf_counter()
-        t.reset()
+        _OWNER[t] = self
         if self.drafter:
             self.drafter.reset()
         n_h = min(len(self.prompt) - 1, self.prompt_hidden) if self.want_hidden else 0
         n_plain = len(self.prompt) - 1 - n_h
-        t.prefill(self.prompt[:n_plain])
+        keep = _common_prefix(t.tokens, self.prompt[:n_plain]) if self.reuse_prefix else 0
+        if keep:
+            t.truncate(keep)
+        else:
+            t.reset()
+        self.stats.prompt_reused = keep
+        t.prefill(self.prompt[keep:n_plain])
         if n_h:
             self._fresh_hidden.append(t.hidden_states(self.prompt[n_plain:-1]))
         self.context = list(self.prompt)

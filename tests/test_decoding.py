@@ -201,3 +201,48 @@ def test_absurd_draft_length_is_capped():
     p = make_policy("cost", 1000, t)  # measures the verify cost only up to the cap
     assert p.k == MAX_DRAFT and time.perf_counter() - t0 < 30
     assert make_policy("fixed", 10**6, t).next_k() == MAX_DRAFT
+
+
+class Counting(MockTarget):
+    """A mock that counts the prompt tokens it is asked to prefill."""
+
+    prefilled = 0
+
+    def prefill(self, tokens):
+        self.prefilled += len(tokens)
+        super().prefill(tokens)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_a_follow_up_prompt_prefills_only_what_the_cache_lacks(k):
+    """A second turn (the first prompt, its reply, a new message) keeps the cache's common
+    prefix and decodes only the rest; the output is what a fresh model gives."""
+    t = Counting(seed=4)
+    first = Generation(t, [1, 2, 3, 4, 5], SamplingParams(), max_tokens=12,
+                       drafter=NoisyOracle(t, err=0.3) if k else None, policy=FixedK(k))
+    reply = [tok for tok, _ in first]
+    follow_up = [1, 2, 3, 4, 5] + reply + [7, 8, 9]
+    t.prefilled = 0
+    second = Generation(t, follow_up, SamplingParams(), max_tokens=12,
+                        drafter=NoisyOracle(t, err=0.3) if k else None, policy=FixedK(k))
+    got = [tok for tok, _ in second]
+    assert second.stats.prompt_reused == 5 + len(reply) - 1  # the reply's last token was pending
+    assert t.prefilled == len(follow_up) - 1 - second.stats.prompt_reused
+    assert got == plain_greedy(MockTarget(seed=4), follow_up, 12)
+    other = [9, 9] + follow_up  # nothing in common: a fresh start
+    third = Generation(t, other, SamplingParams(), max_tokens=4)
+    assert [tok for tok, _ in third] == plain_greedy(MockTarget(seed=4), other, 4)
+    assert third.stats.prompt_reused == 0
+
+
+def test_two_streams_on_one_model_do_not_mix():
+    """Two generations on one target read in turn: the one whose cache was taken over stops
+    with a clear error instead of continuing from the other's cache."""
+    t = MockTarget(seed=5)
+    g1 = iter(Generation(t, [1, 2, 3], SamplingParams(), max_tokens=20))
+    g2 = Generation(t, [4, 5, 6], SamplingParams(), max_tokens=20)
+    next(g1)
+    got2 = [tok for tok, _ in g2]
+    assert got2 == plain_greedy(MockTarget(seed=5), [4, 5, 6], 20)
+    with pytest.raises(EdgespecError, match="another generation"):
+        next(g1)

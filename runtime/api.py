@@ -5,9 +5,13 @@
     llm.create_completion("def fib(n):", max_tokens=64, temperature=0)
     llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}], stream=True)
 
-Same arguments (unsupported ones are accepted and ignored) and the same OpenAI-style return
-dicts and streaming chunks as `llama_cpp.Llama`, plus a `speculative` entry with the decode
-statistics. Defaults follow llama-cpp-python's.
+The same arguments, defaults and sampling chain (min-p, typical, penalties, logit bias, in
+llama.cpp's order), and the same OpenAI-style return dicts and streaming chunks as
+`llama_cpp.Llama`, plus a `speculative` entry with the decode statistics. Options not
+implemented (grammar, JSON mode, tools, logprobs, mirostat, custom processors, suffix) raise
+NotImplementedError naming them. Successive calls keep the cache's common prefix with the new
+prompt (a chat's next turn decodes only the new tokens); streamed text holds back what could
+still become a stop string, so it always joins to the non-streamed text.
 """
 
 from __future__ import annotations
@@ -28,35 +32,59 @@ class SpeculativeLlama:
     def __init__(self, model_path: str, n_ctx: int = 512, n_threads: int | None = None,
                  n_batch: int = 512, seed: int | None = None, draft: str | None = "default",
                  k: int | None = None, policy: str = "cost", verbose: bool = False,
-                 lm_head: str = "auto", **_ignored):
+                 lm_head: str = "auto", last_n_tokens_size: int = 64, **_placement):
+        """`_placement`: llama_cpp.Llama's loading options (n_gpu_layers, use_mmap, ...) are
+        accepted; edgespec runs the model on the CPU with its own settings."""
         self.model_path = model_path
         self.engine = open_target(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch,
                                   lm_head=lm_head)
         self.drafter = make_drafter(draft, self.engine.spec)
         self.k, self.policy, self.seed = k, policy, seed
+        self.last_n_tokens_size = last_n_tokens_size
+        self.verbose = verbose
         self.last_stats: dict = {}
 
     # -- llama_cpp.Llama's public surface used by apps -----------------------------------------
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         return self.engine.tokenize(text.decode("utf-8", errors="replace"), add_bos, special)
 
-    def detokenize(self, tokens: list[int]) -> bytes:
+    def detokenize(self, tokens: list[int], prev_tokens=None, special: bool = False) -> bytes:
         return b"".join(self.engine.token_bytes(t) for t in tokens)
 
     def n_ctx(self) -> int:
         return self.engine.n_ctx
 
+    def n_vocab(self) -> int:
+        return self.engine.spec.n_vocab
+
+    def n_embd(self) -> int:
+        return self.engine.spec.n_embd
+
+    def token_bos(self) -> int:
+        return -1 if self.engine.spec.bos_id is None else self.engine.spec.bos_id
+
+    def token_eos(self) -> int:
+        return -1 if self.engine.spec.eos_id is None else self.engine.spec.eos_id
+
+    def set_seed(self, seed: int) -> None:
+        self.seed = seed
+
+    def reset(self) -> None:
+        """Forget the cached prompt (the next call prefills from scratch)."""
+        self.engine.reset()
+
+    def close(self) -> None:
+        self.engine.close()
+
     def __call__(self, prompt: str, **kw):
         return self.create_completion(prompt, **kw)
 
-    def _run(self, ids: list[int], max_tokens: int | None, temperature: float, top_p: float,
-             top_k: int, stop, seed) -> Generation:
+    def _run(self, ids: list[int], max_tokens: int | None, stop, seed, **sampling) -> Generation:
         if max_tokens is None or max_tokens <= 0:  # llama-cpp-python: until the context is full
             max_tokens = self.engine.n_ctx - len(ids)
         stop = [stop] if isinstance(stop, str) else list(stop or [])
-        sp = SamplingParams(temperature=max(0.0, float(temperature)), top_k=max(0, int(top_k)),
-                            top_p=float(top_p) if 0 < top_p <= 1 else 1.0,
-                            seed=self.seed if seed is None else seed)
+        sp = SamplingParams(seed=self.seed if seed is None else seed,
+                            penalty_last_n=self.last_n_tokens_size, **sampling)
         policy = make_policy(self.policy, self.k if self.drafter else 0, self.engine, greedy=sp.greedy)
         return Generation(self.engine, ids, sp, max_tokens=max_tokens, drafter=self.drafter,
                           policy=policy, stop=stop)
@@ -69,18 +97,30 @@ class SpeculativeLlama:
     def _finish(gen: Generation) -> str:
         return "length" if gen.stats.finish_reason in ("length", "context") else "stop"
 
-    def create_completion(self, prompt: str, suffix: str | None = None, max_tokens: int | None = 16,
-                          temperature: float = 0.8, top_p: float = 0.95, top_k: int = 40,
-                          stop=None, stream: bool = False, seed: int | None = None,
-                          echo: bool = False, **_ignored):
-        ids = self.engine.tokenize(prompt)
-        gen = self._run(ids, max_tokens, temperature, top_p, top_k, stop, seed)
+    def create_completion(self, prompt: str | list[int], suffix: str | None = None,
+                          max_tokens: int | None = 16, temperature: float = 0.8,
+                          top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+                          logprobs: int | None = None, echo: bool = False, stop=None,
+                          frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                          repeat_penalty: float = 1.0, top_k: int = 40, stream: bool = False,
+                          seed: int | None = None, tfs_z: float = 1.0, mirostat_mode: int = 0,
+                          mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                          model: str | None = None, stopping_criteria=None,
+                          logits_processor=None, grammar=None, logit_bias: dict | None = None):
+        _refuse(suffix=suffix, logprobs=logprobs, mirostat_mode=mirostat_mode or None,
+                stopping_criteria=stopping_criteria, logits_processor=logits_processor,
+                grammar=grammar)
+        ids = list(prompt) if isinstance(prompt, list) else self.engine.tokenize(prompt)
+        text_in = prompt if isinstance(prompt, str) else self.detokenize(ids).decode("utf-8", "replace")
+        gen = self._run(ids, max_tokens, stop, seed, **_sampling(
+            temperature, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,
+            presence_penalty, logit_bias))
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         if stream:
-            return self._stream_completion(gen, cid, created, prompt if echo else "")
+            return self._stream_completion(gen, cid, created, text_in if echo else "")
         for _ in gen:
             pass
-        text = (prompt if echo else "") + gen.text
+        text = (text_in if echo else "") + gen.text
         return {"id": cid, "object": "text_completion", "created": created, "model": self.model_path,
                 "choices": [{"text": text, "index": 0, "logprobs": None,
                              "finish_reason": self._finish(gen)}],
@@ -102,15 +142,31 @@ class SpeculativeLlama:
         final["speculative"] = self._stats(gen)
         yield final
 
-    def create_chat_completion(self, messages: list[dict], temperature: float = 0.2,
-                               top_p: float = 0.95, top_k: int = 40, stream: bool = False,
-                               stop=None, seed: int | None = None, max_tokens: int | None = None,
-                               **_ignored):
+    def create_chat_completion(self, messages: list[dict], functions=None, function_call=None,
+                               tools=None, tool_choice=None, temperature: float = 0.2,
+                               top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
+                               typical_p: float = 1.0, stream: bool = False, stop=None,
+                               seed: int | None = None, response_format=None,
+                               max_tokens: int | None = None, presence_penalty: float = 0.0,
+                               frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
+                               tfs_z: float = 1.0, mirostat_mode: int = 0,
+                               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                               model: str | None = None, logits_processor=None, grammar=None,
+                               logit_bias: dict | None = None, logprobs: bool | None = None,
+                               top_logprobs: int | None = None):
+        text_only = response_format is None or response_format.get("type") == "text"
+        _refuse(functions=functions, function_call=function_call, tools=tools,
+                tool_choice=None if tool_choice in (None, "none", "auto") else tool_choice,
+                response_format=None if text_only else response_format, logprobs=logprobs,
+                top_logprobs=top_logprobs, mirostat_mode=mirostat_mode or None,
+                logits_processor=logits_processor, grammar=grammar)
         prompt = render_chat(self.engine.spec, messages)
         if not self.engine.spec.chat_template:
             stop = list(stop or []) + ["\nUser:"] if not isinstance(stop, str) else [stop, "\nUser:"]
         ids = self.engine.tokenize(prompt)
-        gen = self._run(ids, max_tokens, temperature, top_p, top_k, stop, seed)
+        gen = self._run(ids, max_tokens, stop, seed, **_sampling(
+            temperature, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,
+            presence_penalty, logit_bias))
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         if stream:
             return self._stream_chat(gen, cid, created)
@@ -136,3 +192,38 @@ class SpeculativeLlama:
         final = chunk({}, self._finish(gen))
         final["speculative"] = self._stats(gen)
         yield final
+
+
+def _sampling(temperature, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,
+              presence_penalty, logit_bias) -> dict:
+    """SamplingParams fields from llama-cpp-python's arguments (a negative temperature is
+    llama.cpp's plain draw from the model's distribution: temperature 1, no cuts)."""
+    if temperature < 0:
+        temperature, top_k, top_p, min_p, typical_p = 1.0, 0, 1.0, 0.0, 1.0
+    return dict(temperature=float(temperature), top_k=max(0, int(top_k)),
+                top_p=float(top_p) if 0 < top_p <= 1 else 1.0, min_p=float(min_p),
+                typical_p=float(typical_p) if 0 < typical_p <= 1 else 1.0,
+                repeat_penalty=float(repeat_penalty), frequency_penalty=float(frequency_penalty),
+                presence_penalty=float(presence_penalty), logit_bias=logit_bias)
+
+
+# Options llama_cpp.Llama takes that edgespec does not implement yet: asking for one is an
+# error that names it, never a silent difference in the output.
+def _refuse(**options) -> None:
+    asked = [name for name, v in options.items() if v is not None and v is not False and v != []]
+    if asked:
+        raise NotImplementedError(f"edgespec's SpeculativeLlama does not support {', '.join(asked)} "
+                                  "yet; call llama_cpp.Llama for these requests")
+
+
+def _not_provided(name: str):
+    def method(self, *args, **kwargs):
+        raise NotImplementedError(f"SpeculativeLlama.{name} is not implemented; use "
+                                  "llama_cpp.Llama for it")
+    method.__name__ = name
+    return method
+
+
+for _name in ("create_embedding", "embed", "eval", "generate", "sample", "save_state",
+              "load_state", "set_cache", "tokenizer"):
+    setattr(SpeculativeLlama, _name, _not_provided(_name))

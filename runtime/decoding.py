@@ -130,19 +130,22 @@ class Stats:
         }
 
 
-def _accept_greedy(logits: np.ndarray, drafts: list[int]) -> tuple[int, int]:
-    """(accepted count, next token): the target's argmax at each position decides."""
-    for i, d in enumerate(drafts):
-        top = int(np.argmax(logits[i]))
+def _accept_greedy(logits: np.ndarray, draft: Draft, sp: SamplingParams,
+                   recent: list[int]) -> tuple[int, int]:
+    """(accepted count, next token): the target's argmax at each position decides (of the
+    biased, penalised logits where the request asks for those; each row's penalties see the
+    drafts before it)."""
+    for i, d in enumerate(draft.tokens):
+        top = sample(logits[i], sp, None, recent + draft.tokens[:i])
         if top != d:
             return i, top
-    return len(drafts), int(np.argmax(logits[len(drafts)]))
+    return len(draft.tokens), sample(logits[len(draft.tokens)], sp, None, recent + draft.tokens)
 
 
 def _accept_sampled(logits: np.ndarray, draft: Draft, sp: SamplingParams,
-                    rng: np.random.Generator) -> tuple[int, int]:
+                    rng: np.random.Generator, recent: list[int]) -> tuple[int, int]:
     for i, d in enumerate(draft.tokens):
-        p = probs(logits[i], sp)
+        p = probs(logits[i], sp, recent + draft.tokens[:i])
         q = draft.q[i] if i < len(draft.q) else None
         qd = 1.0 if q is None else float(q[1][q[0] == d].sum())
         if qd > 0 and rng.random() < min(1.0, p[d] / qd):
@@ -156,7 +159,7 @@ def _accept_sampled(logits: np.ndarray, draft: Draft, sp: SamplingParams,
         if residual.sum() <= 0:  # p == q exactly: any draw from p is right
             residual = p
         return i, draw(residual / residual.sum(), rng)
-    return len(draft.tokens), sample(logits[len(draft.tokens)], sp, rng)
+    return len(draft.tokens), sample(logits[len(draft.tokens)], sp, rng, recent + draft.tokens)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -296,13 +299,13 @@ class Generation:
         views valid until the target's next decode."""
         return self.target.decode([self.pending] + draft.tokens, hidden=self.want_hidden,
                                   all_logits=bool(draft.tokens), copy=False,
-                                  top_only=self.sampling.greedy)
+                                  top_only=self.sampling.greedy and not self.sampling.adjusts_logits)
 
     def _accept(self, logits: np.ndarray, draft: Draft) -> tuple[int, int]:
         """(drafts accepted, the target's own next token)."""
         if self.sampling.greedy:
-            return _accept_greedy(logits, draft.tokens)
-        return _accept_sampled(logits, draft, self.sampling, self._rng)
+            return _accept_greedy(logits, draft, self.sampling, self.token_ids)
+        return _accept_sampled(logits, draft, self.sampling, self._rng, self.token_ids)
 
     def _rollback(self, draft: Draft, n_acc: int, hidden: np.ndarray | None) -> None:
         """Keep the hidden states of the accepted rows, then drop the rejected drafts from the

@@ -11,10 +11,22 @@ from edgespec.errors import EdgespecError
 
 @dataclass
 class SamplingParams:
-    temperature: float = 0.0  # 0 means greedy (argmax)
+    """What llama.cpp's sampler chain applies, in its order (as llama-cpp-python builds it):
+    logit bias, repetition penalties over the last `penalty_last_n` generated tokens, top-k,
+    typical, top-p, min-p (these four on the untempered logits), temperature, then the draw.
+    Defaults leave the distribution as temperature alone makes it."""
+
+    temperature: float = 0.0  # 0 means greedy (argmax of the biased, penalised logits)
     top_k: int = 0  # 0 means no top-k cut
     top_p: float = 1.0  # nucleus mass kept; 1 keeps everything
     seed: int | None = None  # None or negative (llama.cpp's -1): a random seed
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one
+    typical_p: float = 1.0  # locally typical sampling mass; 1 keeps everything
+    repeat_penalty: float = 1.0  # divide positive logits of recent tokens, multiply negative
+    frequency_penalty: float = 0.0  # minus this times a recent token's count
+    presence_penalty: float = 0.0  # minus this for every recent token
+    penalty_last_n: int = 64  # generated tokens the penalties look back over
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
 
     def __post_init__(self):
         if self.seed is not None and self.seed < 0:
@@ -25,27 +37,88 @@ class SamplingParams:
             raise EdgespecError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise EdgespecError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0 or not 0.0 < self.typical_p <= 1.0:
+            raise EdgespecError(f"min_p must be in [0, 1] and typical_p in (0, 1], got "
+                                f"{self.min_p} and {self.typical_p}")
+        if not np.isfinite(self.repeat_penalty) or self.repeat_penalty <= 0:
+            raise EdgespecError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if not (np.isfinite(self.frequency_penalty) and np.isfinite(self.presence_penalty)):
+            raise EdgespecError("frequency_penalty and presence_penalty must be finite numbers")
+        if self.penalty_last_n < 0:
+            raise EdgespecError(f"penalty_last_n must be >= 0, got {self.penalty_last_n}")
+        try:
+            self.logit_bias = {int(k): float(v) for k, v in (self.logit_bias or {}).items()} or None
+        except (TypeError, ValueError):
+            raise EdgespecError("logit_bias must map token ids to numbers") from None
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether a token's logit depends on more than the model (bias or penalties): greedy
+        decoding then needs every logit, not only the top ones."""
+        return bool(self.logit_bias) or (self.penalty_last_n > 0 and (
+            self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0))
 
-def probs(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
-    """The distribution that sampling draws from: temperature, then top-k, then top-p. [V] float64."""
-    x = logits.astype(np.float64) / max(p.temperature, 1e-8)
-    if p.top_k and p.top_k < x.size:
-        kth = np.partition(x, -p.top_k)[-p.top_k]
-        x = np.where(x >= kth, x, -np.inf)
-    x = np.exp(x - x.max())
-    x /= x.sum()
-    if p.top_p < 1.0:
-        x = _top_p(x, p.top_p)
+
+def adjusted(logits: np.ndarray, p: SamplingParams, recent=()) -> np.ndarray:
+    """Logits after the logit bias and the repetition penalties over `recent` (the tokens
+    generated so far; the last `penalty_last_n` count). [V] float64."""
+    x = logits.astype(np.float64)
+    for tok, b in (p.logit_bias or {}).items():
+        if 0 <= tok < x.size:
+            x[tok] += b
+    window = list(recent)[-p.penalty_last_n:] if p.penalty_last_n else []
+    if window and p.adjusts_logits:
+        ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+        v = x[ids]
+        v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
+        x[ids] = v - counts * p.frequency_penalty - p.presence_penalty
     return x
 
 
+def probs(logits: np.ndarray, p: SamplingParams, recent=()) -> np.ndarray:
+    """The distribution that sampling draws from, llama.cpp's chain (see SamplingParams).
+    [V] float64."""
+    x = adjusted(logits, p, recent)
+    if p.top_k and p.top_k < x.size:
+        kth = np.partition(x, -p.top_k)[-p.top_k]
+        x[x < kth] = -np.inf
+    if p.typical_p < 1.0:
+        x = _cut(x, _typical(_softmax(x), p.typical_p))
+    if p.top_p < 1.0:
+        x = _cut(x, _top_p(_softmax(x), p.top_p))
+    if p.min_p > 0.0:
+        x[x < x.max() + np.log(p.min_p)] = -np.inf
+    return _softmax(x / max(p.temperature, 1e-8))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def _cut(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    out = np.full_like(x, -np.inf)
+    out[keep] = x[keep]
+    return out
+
+
+def _typical(x: np.ndarray, mass: float) -> np.ndarray:
+    """Locally typical sampling: the tokens whose surprise is closest to the entropy, up to
+    `mass` of probability (llama.cpp's rule: stop once the sum exceeds it)."""
+    live = np.flatnonzero(x > 0)
+    px = x[live]
+    entropy = -(px * np.log(px)).sum()
+    order = live[np.argsort(np.abs(-np.log(px) - entropy), kind="stable")]
+    cum = np.cumsum(x[order])
+    return order[: int(np.searchsorted(cum, mass, side="right") + 1)]
+
+
 def _top_p(x: np.ndarray, top_p: float) -> np.ndarray:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p; renormalise.
+    """The smallest set of most likely tokens whose mass reaches top_p (their ids).
 
     Sorts only the top few hundred tokens when they already hold the mass (the usual case):
     a full argsort of a 262k vocabulary per token would cost more than a decode.
@@ -56,19 +129,15 @@ def _top_p(x: np.ndarray, top_p: float) -> np.ndarray:
         order = top[np.argsort(-x[top], kind="stable")]
         cum = np.cumsum(x[order])
         if cum[-1] >= top_p or m == x.size:
-            keep = order[: int(np.searchsorted(cum, top_p) + 1)]
-            break
+            return order[: int(np.searchsorted(cum, top_p) + 1)]
         m = min(x.size, m * 8)
-    cut = np.zeros_like(x)
-    cut[keep] = x[keep]
-    return cut / cut.sum()
 
 
-def sample(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator) -> int:
+def sample(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, recent=()) -> int:
     """One token from the target's logits: argmax when greedy, else a draw from `probs`."""
     if p.greedy:
-        return int(np.argmax(logits))
-    return draw(probs(logits, p), rng)
+        return int(np.argmax(adjusted(logits, p, recent) if p.adjusts_logits else logits))
+    return draw(probs(logits, p, recent), rng)
 
 
 def draw(dist: np.ndarray, rng: np.random.Generator) -> int:

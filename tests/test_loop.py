@@ -92,8 +92,8 @@ def test_head_drafter_sampling_keeps_target_distribution(head_ckpt):
 def assert_joint_law(counts, n, sp_kw):
     t = MockTarget(vocab=6, seed=11, sharp=1.0)
     sp = SamplingParams(**sp_kw)
-    p1 = probs(t.logits_after([1, 2]), sp)
-    expected = {(a, b): n * p1[a] * probs(t.logits_after([1, 2, a]), sp)[b]
+    p1 = probs(t.logits_after([1, 2]), sp, [])
+    expected = {(a, b): n * p1[a] * probs(t.logits_after([1, 2, a]), sp, [a])[b]
                 for a in range(6) for b in range(6)}
     assert set(counts) <= {c for c, e in expected.items() if e > 0}
     cells = [(counts.get(c, 0), e) for c, e in expected.items() if e >= 5]
@@ -112,6 +112,26 @@ def test_one_hot_drafts_keep_target_distribution(err):
         t = MockTarget(vocab=6, seed=11, sharp=1.0)
         g = Generation(t, [1, 2], SamplingParams(seed=seed, **sp_kw), max_tokens=2,
                        drafter=NoisyOracle(t, err=err, seed=10**6 + seed), policy=FixedK(2))
+        key = tuple(tok for tok, _ in g)
+        counts[key] = counts.get(key, 0) + 1
+    assert_joint_law(counts, n, sp_kw)
+
+
+@pytest.mark.parametrize("drafter", ["one-hot", "q"])
+def test_penalties_bias_and_cuts_keep_the_target_law(drafter):
+    """Penalties depend on the tokens before each verified row (drafts included): the
+    rejection rule must use each row's own distribution to keep the joint law."""
+    from mock import SamplingDrafter
+
+    sp_kw = {"temperature": 0.9, "repeat_penalty": 3.0, "presence_penalty": 0.5,
+             "logit_bias": {2: 1.0}, "min_p": 0.05, "top_p": 0.95}
+    n, counts = 3000, {}
+    for seed in range(n):
+        t = MockTarget(vocab=6, seed=11, sharp=1.0)
+        d = (NoisyOracle(t, err=0.5, seed=10**6 + seed) if drafter == "one-hot"
+             else SamplingDrafter(6, seed=10**6 + seed))  # streams apart from the sampler's
+        g = Generation(t, [1, 2], SamplingParams(seed=seed, **sp_kw), max_tokens=2, drafter=d,
+                       policy=FixedK(2))
         key = tuple(tok for tok, _ in g)
         counts[key] = counts.get(key, 0) + 1
     assert_joint_law(counts, n, sp_kw)

@@ -1,0 +1,89 @@
+"""The sampling chain against llama.cpp's own samplers (the libllama llama-cpp-python loads,
+no model needed): logit bias, penalties, top-k, typical, top-p, min-p and temperature, in the
+order llama-cpp-python chains them, give the same distribution as `probs`."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.sampling import SamplingParams, adjusted, probs, sample
+
+lc = pytest.importorskip("llama_cpp")
+
+V = 300
+
+
+def llama_cpp_distribution(logits: np.ndarray, sp: SamplingParams, recent: list[int]) -> np.ndarray:
+    """llama.cpp's chain as llama-cpp-python builds it, applied to `logits`; the distribution
+    its final draw would use."""
+    chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+    bias = sp.logit_bias or {}
+    arr = (lc.llama_logit_bias * len(bias))(*[lc.llama_logit_bias(t, b) for t, b in bias.items()])
+    lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_logit_bias(V, len(bias), arr))
+    lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_penalties(
+        V, sp.penalty_last_n, sp.repeat_penalty, sp.frequency_penalty, sp.presence_penalty))
+    lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(sp.top_k))
+    lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_typical(sp.typical_p, 1))
+    lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(sp.top_p, 1))
+    lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(sp.min_p, 1))
+    lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(sp.temperature))
+    for tok in recent:
+        lc.llama_sampler_accept(chain, tok)
+    data = (lc.llama_token_data * V)(*[lc.llama_token_data(i, float(x), 0.0) for i, x in enumerate(logits)])
+    cur = lc.llama_token_data_array(ctypes.cast(data, ctypes.POINTER(lc.llama_token_data)), V, -1, False)
+    lc.llama_sampler_apply(chain, ctypes.byref(cur))
+    ids = np.array([cur.data[i].id for i in range(cur.size)])
+    kept = np.array([cur.data[i].logit for i in range(cur.size)], np.float64)
+    lc.llama_sampler_free(chain)
+    out = np.zeros(V)
+    live = np.isfinite(kept)
+    out[ids[live]] = np.exp(kept[live] - kept[live].max())
+    return out / out.sum()
+
+
+CASES = {
+    "temperature": dict(temperature=0.7),
+    "llama-cpp-python defaults": dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    "top-p before temperature": dict(temperature=0.3, top_p=0.6),
+    "min-p": dict(temperature=1.2, min_p=0.2),
+    "typical": dict(temperature=0.9, typical_p=0.5),
+    "penalties": dict(temperature=0.8, repeat_penalty=1.3, frequency_penalty=0.4,
+                      presence_penalty=0.6, penalty_last_n=8),
+    "logit bias": dict(temperature=0.8, logit_bias={3: 5.0, 7: -100.0, 11: 2.5}),
+    "all": dict(temperature=0.6, top_k=60, typical_p=0.9, top_p=0.9, min_p=0.02, repeat_penalty=1.2,
+                frequency_penalty=0.1, presence_penalty=0.2, logit_bias={5: 3.0}),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_probs_is_llama_cpps_sampler_chain(name):
+    rng = np.random.default_rng(len(name))
+    logits = (rng.normal(size=V) * 3).astype(np.float32)
+    top = [int(t) for t in np.argsort(-logits)[:3]]  # penalties must hit likely tokens
+    recent = [int(t) for t in rng.integers(0, 40, size=20)] + top + [top[0], 3, 3, 5]
+    sp = SamplingParams(**CASES[name])
+    ours, theirs = probs(logits, sp, recent), llama_cpp_distribution(logits, sp, recent)
+    assert set(np.flatnonzero(ours)) == set(np.flatnonzero(theirs))
+    np.testing.assert_allclose(ours, theirs, atol=2e-5)
+    if sp.repeat_penalty != 1.0:  # the recent tokens matter: the check would see them ignored
+        assert np.abs(probs(logits, sp) - theirs).max() > 1e-3
+
+
+def test_greedy_takes_the_argmax_of_the_biased_penalised_logits():
+    logits = np.array([5.0, 4.0, 1.0, -2.0])
+    assert sample(logits, SamplingParams(), None, [0]) == 0  # no penalty asked: the argmax
+    sp = SamplingParams(repeat_penalty=2.0)  # 5 / 2 < 4: the repeated token loses
+    assert sample(logits, sp, None, [0]) == 1 and sample(logits, sp, None, [2]) == 0
+    assert sample(logits, SamplingParams(logit_bias={3: 10.0}), None, []) == 3
+    np.testing.assert_allclose(adjusted(logits, SamplingParams(repeat_penalty=2.0), [3, 0]),
+                               [2.5, 4.0, 1.0, -4.0])  # positive divided, negative multiplied
+
+
+def test_bad_sampling_settings_are_clear_errors():
+    for bad in (dict(min_p=2.0), dict(typical_p=0.0), dict(repeat_penalty=0.0),
+                dict(frequency_penalty=float("nan")), dict(logit_bias={"x": 1}),
+                dict(penalty_last_n=-1)):
+        with pytest.raises(EdgespecError):
+            SamplingParams(**bad)

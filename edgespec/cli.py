@@ -113,6 +113,24 @@ def _cmd_eval_head(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    if args.parallel != 1:
+        raise EdgespecError("--parallel > 1 is not implemented yet: requests take turns on one "
+                            "sequence; leave it at 1")
+    if args.max_queue < 0:
+        raise EdgespecError(f"--max-queue must be >= 0, got {args.max_queue}")
+    try:
+        from edgespec.runtime.server import serve
+        import fastapi, uvicorn  # noqa: F401  (the `serve` extra)
+    except ImportError:
+        raise EdgespecError("the server needs its extra: pip install 'edgespec[serve]'") from None
+    print(f"edgespec serve: http://{args.host}:{args.port}/ (chat page), /v1/ (OpenAI API)",
+          file=sys.stderr)
+    serve(args.target, draft=args.draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
+          threads=args.threads, api_key=args.api_key, max_queue=args.max_queue, lm_head=args.lm_head)
+    return 0
+
+
 def _cmd_chat(args) -> int:
     from edgespec.runtime.chat import ChatSession
     from edgespec.runtime.drafters import make_drafter
@@ -333,6 +351,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
     s.set_defaults(func=_cmd_chat)
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a chat page")
+    s.add_argument("--target", required=True)
+    s.add_argument("--draft", default="default",
+                   help="default (shipped head + lookup), none, lookup, a head path, head:PATH")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=_positive_int, default=8080)
+    s.add_argument("--n-ctx", type=_positive_int, default=4096)
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/")
+    s.add_argument("--max-queue", type=int, default=8,
+                   help="requests that may wait while one runs; more get 503")
+    s.add_argument("--parallel", type=_positive_int, default=1,
+                   help="concurrent sequences (only 1 so far: requests take turns)")
+    s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
+    s.set_defaults(func=_cmd_serve)
 
     s = sub.add_parser("bench", help="tokens/s and acceptance: target-only vs lookup vs heads")
     s.add_argument("--target", required=True)

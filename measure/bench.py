@@ -148,13 +148,15 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         run(m, warm)
     results = {m.name: MethodResult(m) for m in methods}
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(background_load)]
+    turns: list[dict] = []
     try:
-        _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, render_chat)
+        _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, render_chat, turns)
     finally:
         for h in hogs:
             h.kill()
             h.wait()
     report = summarize(results, sp.greedy)
+    report["second_turn"] = summarize_turns(turns)
     report["target"] = {"name": engine.spec.name, **_engine_file(engine, target),
                         "lm_head_type": engine.describe_lm_head(sp.greedy),
                         "fingerprint": engine.spec.tokenizer_fingerprint}
@@ -173,8 +175,42 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     return report
 
 
-def _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, render_chat) -> None:
-    """Every method on every prompt, interleaved (A B C, A B C, ...)."""
+FOLLOW_UP = "\n\nNow say the same again, more briefly:\n"
+
+
+def second_turn(engine, ids: list[int], reply: list[int], sp) -> dict:
+    """The prefill of a follow-up prompt (this prompt, its reply, a new request) with the cache
+    the reply left (only the new tokens are decoded) and from an empty cache, in that order."""
+    from edgespec.runtime.decoding import Generation
+
+    follow = ids + reply + engine.tokenize(FOLLOW_UP, add_bos=False)
+    out = {"prompt_tokens": len(follow)}
+    for name, reuse in (("reused", True), ("fresh", False)):
+        g = Generation(engine, follow, sp, max_tokens=1, reuse_prefix=reuse)
+        for _ in g:
+            pass
+        out[f"prefill_{name}_s"] = round(g.stats.prefill_s, 5)
+        out[f"{name}_tokens"] = g.stats.prompt_reused
+    return out
+
+
+def summarize_turns(turns: list[dict]) -> dict:
+    if not turns:
+        return {}
+    med = statistics.median
+    return {"prompts": len(turns), "median_prompt_tokens": med(t["prompt_tokens"] for t in turns),
+            "median_tokens_reused": med(t["reused_tokens"] for t in turns),
+            "median_prefill_reused_ms": round(1000 * med(t["prefill_reused_s"] for t in turns), 2),
+            "median_prefill_fresh_ms": round(1000 * med(t["prefill_fresh_s"] for t in turns), 2),
+            "median_prefill_speedup": round(med(t["prefill_fresh_s"] / max(t["prefill_reused_s"], 1e-9)
+                                                for t in turns), 2),
+            "per_prompt": turns}
+
+
+def _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, render_chat,
+                turns: list[dict]) -> None:
+    """Every method on every prompt, interleaved (A B C, A B C, ...); then, on the main engine,
+    the prefill of a follow-up turn after its last method's reply (`second_turn`)."""
     bar = progress(total=len(prompts) * len(methods), desc="bench", unit="run")
     for p in prompts:
         text = p["prompt"]
@@ -195,6 +231,8 @@ def _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, r
                 "verify_s": s.verify_s, "token_ids": g.token_ids,
             })
             bar.update(1)
+        if len(ids) + 2 * max_new_tokens + 32 < n_ctx and g.target is engine:
+            turns.append(second_turn(engine, ids, g.token_ids, g.sampling))
     bar.close()
 
 
@@ -319,6 +357,12 @@ def format_table(report: dict) -> str:
         lines.append(f"peak RSS, fresh process each: plain llama.cpp {mem['plain_llama_cpp_peak_rss_mb']:.0f} MB; "
                      + ", ".join(f"{n} {r['peak_rss_mb']:.0f} MB ({100 * r['vs_plain_llama_cpp']:+.0f}%)"
                                  for n, r in mem["methods"].items()))
+    turn = report.get("second_turn")
+    if turn:
+        lines.append(f"second turn prefill (median of {turn['prompts']} prompts, "
+                     f"{turn['median_prompt_tokens']:.0f} tokens): {turn['median_prefill_reused_ms']:.1f} ms "
+                     f"keeping the cache ({turn['median_tokens_reused']:.0f} tokens reused), "
+                     f"{turn['median_prefill_fresh_ms']:.1f} ms from scratch")
     lines.append(f"machine: {report['machine']['cpu']}, {report['machine']['threads']} threads")
     return "\n".join(lines)
 

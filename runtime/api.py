@@ -29,20 +29,23 @@ from edgespec.runtime.sampling import SamplingParams
 
 
 class SpeculativeLlama:
-    def __init__(self, model_path: str, n_ctx: int = 512, n_threads: int | None = None,
+    def __init__(self, model_path, n_ctx: int = 512, n_threads: int | None = None,
                  n_batch: int = 512, seed: int | None = None, draft: str | None = "default",
                  k: int | None = None, policy: str = "cost", verbose: bool = False,
                  lm_head: str = "auto", last_n_tokens_size: int = 64, **_placement):
-        """`_placement`: llama_cpp.Llama's loading options (n_gpu_layers, use_mmap, ...) are
-        accepted; edgespec runs the model on the CPU with its own settings."""
-        self.model_path = model_path
-        self.engine = open_target(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch,
-                                  lm_head=lm_head)
+        """model_path: a GGUF file, a known target name, an ONNX target folder, or an open
+        engine. `_placement`: llama_cpp.Llama's loading options (n_gpu_layers, use_mmap, ...)
+        are accepted; edgespec runs the model on the CPU with its own settings."""
+        self.engine = model_path if hasattr(model_path, "decode") else open_target(
+            model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head)
+        self.model_path = str(self.engine.model_file if self.engine is model_path else model_path)
         self.drafter = make_drafter(draft, self.engine.spec)
         self.k, self.policy, self.seed = k, policy, seed
         self.last_n_tokens_size = last_n_tokens_size
         self.verbose = verbose
         self.last_stats: dict = {}
+        self.last_drafted_at: list[int] = []  # per draft position, in the last generation
+        self.last_accepted_at: list[int] = []
 
     # -- llama_cpp.Llama's public surface used by apps -----------------------------------------
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -91,7 +94,12 @@ class SpeculativeLlama:
 
     def _stats(self, gen: Generation) -> dict:
         self.last_stats = gen.stats.to_dict()
+        self.last_drafted_at, self.last_accepted_at = gen.stats.drafted_at, gen.stats.accepted_at
         return self.last_stats
+
+    def chat_prompt_tokens(self, messages: list[dict]) -> int:
+        """The length of the prompt `create_chat_completion` would decode for `messages`."""
+        return len(self.engine.tokenize(render_chat(self.engine.spec, messages)))
 
     @staticmethod
     def _finish(gen: Generation) -> str:

@@ -229,8 +229,9 @@ class CostAware(FixedK):
     A source whose estimates say "fewer than k" is still tried one draft longer than they pay
     for now and then (verified untrimmed), so its acceptance further out and the cost of longer
     passes keep being measured and can recover. The wait between tries starts at `probe_every`
-    passes and doubles after each try that changes nothing (up to `max_probe_every`): a source
-    that never pays costs next to nothing."""
+    passes and doubles after each try that leaves the tried draft well short of paying (its
+    acceptance estimate under 0.8 of the break-even one, up to `max_probe_every`): a source
+    that never pays costs next to nothing, one near the edge keeps being tried."""
 
     name = "cost"
 
@@ -323,10 +324,22 @@ class CostAware(FixedK):
         if source in tried:
             length, before = tried[source]
             every = self._every.get(source, self.probe_every)
-            if self._best(acc) > before:
-                self._every[source] = self.probe_every
+            need = self._break_even(acc, length)
+            if self._best(acc) > before or acc[length - 1] >= 0.8 * need:
+                self._every[source] = self.probe_every  # it pays, or it nearly does: keep trying
             elif self.c.timed(length + 1):  # a try only counts once its pass length is timed
                 self._every[source] = min(2 * every, self.max_probe_every)
+
+    def _break_even(self, acc: list[float], n: int) -> float:
+        """The acceptance the n-th draft needs for n drafts to pay as well as n - 1 (above 1:
+        it never can at this verify cost)."""
+        expected, survive = 1.0, 1.0
+        for p in acc[:n - 1]:
+            survive *= p
+            expected += survive
+        longer = self.c[n] + n * self.draft_step_s
+        shorter = self.c[n - 1] + (n - 1) * self.draft_step_s
+        return expected * (longer / shorter - 1.0) / max(survive, 1e-9)
 
     def observe_draft_time(self, seconds: float, steps: int) -> None:
         if steps:

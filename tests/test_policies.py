@@ -211,3 +211,26 @@ def test_try_back_off_carries_over_between_generations(tmp_path, monkeypatch):
 
     first = [generation(40) for _ in range(6)]
     assert first[0] >= 3 and sum(first[3:]) <= 2  # backed off, and it stays backed off
+
+
+def test_a_draft_near_paying_keeps_being_tried():
+    """The third draft is accepted about 60% of the time and needs about 68% to pay: the
+    estimate sits near the edge, so tries stay frequent instead of backing off for good."""
+    import itertools
+
+    costs = [0.010, 0.012, 0.014, 0.017]
+    p = CostAware(3, costs, draft_step_s=1e-4, prior=0.95, probe_every=4, max_probe_every=64)
+    p.accs[""] = [0.99, 0.99, 0.5]
+    outcome = itertools.cycle([3, 2, 3, 2, 3])  # the third draft accepted 3 times in 5
+    tries = []
+    for i in range(200):
+        n = p.limit("")
+        if n == 3:
+            tries.append(i)
+            acc = next(outcome)
+        else:
+            acc = n
+        p.observe_verify(n + 1, costs[n])
+        p.update(n, acc)
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert len(tries) > 20 and max(gaps[5:]) <= 8

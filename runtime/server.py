@@ -1,0 +1,288 @@
+"""`edgespec serve`: an OpenAI-compatible HTTP server over one SpeculativeLlama.
+
+    edgespec serve --target gemma3-270m --draft default --port 8080
+    curl localhost:8080/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
+
+Endpoints: POST /v1/completions and /v1/chat/completions (streaming as server-sent events or
+not, the request fields of `SpeculativeLlama`), GET /v1/models, /health, /metrics (Prometheus
+text) and / (a chat page). One model holds one cache, so requests take turns: at most
+`max_queue` wait, more get 503. Errors are OpenAI-style JSON with the right status, never a
+traceback; a client that disconnects mid-stream frees the model at once.
+"""
+
+import asyncio
+import json
+import queue
+import threading
+import time
+from pathlib import Path
+
+from edgespec.errors import EdgespecError, one_line
+
+PAGE = Path(__file__).with_name("chat_page.html")
+
+# The request fields each endpoint passes on (OpenAI's names where they differ are mapped).
+COMPLETION_FIELDS = {"prompt", "suffix", "max_tokens", "temperature", "top_p", "min_p", "typical_p",
+                     "logprobs", "echo", "stop", "frequency_penalty", "presence_penalty",
+                     "repeat_penalty", "top_k", "stream", "seed", "mirostat_mode", "logit_bias",
+                     "model", "grammar"}
+CHAT_FIELDS = {"messages", "functions", "function_call", "tools", "tool_choice", "temperature",
+               "top_p", "top_k", "min_p", "typical_p", "stream", "stop", "seed", "response_format",
+               "max_tokens", "presence_penalty", "frequency_penalty", "repeat_penalty",
+               "mirostat_mode", "model", "logit_bias", "logprobs", "top_logprobs", "grammar"}
+IGNORED_FIELDS = {"n", "user", "stream_options", "best_of", "parallel_tool_calls"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+class Metrics:
+    """Counters since start, as Prometheus text."""
+
+    def __init__(self):
+        self.requests = 0
+        self.errors = 0
+        self.tokens = 0
+        self.decode_s = 0.0
+        self.verify_passes = 0
+        self.drafted_at: list[int] = []
+        self.accepted_at: list[int] = []
+
+    def add(self, stats: dict, drafted_at: list[int], accepted_at: list[int]) -> None:
+        self.tokens += stats.get("tokens", 0)
+        self.decode_s += stats.get("decode_s", 0.0)
+        self.verify_passes += stats.get("verify_passes", 0)
+        for i, (d, a) in enumerate(zip(drafted_at, accepted_at)):
+            if i >= len(self.drafted_at):
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            self.drafted_at[i] += d
+            self.accepted_at[i] += a
+
+    def text(self, queue: int) -> str:
+        rate = self.tokens / self.decode_s if self.decode_s else 0.0
+        per_pass = self.tokens / self.verify_passes if self.verify_passes else 0.0
+        lines = [
+            "# TYPE edgespec_requests_total counter", f"edgespec_requests_total {self.requests}",
+            "# TYPE edgespec_request_errors_total counter", f"edgespec_request_errors_total {self.errors}",
+            "# TYPE edgespec_tokens_total counter", f"edgespec_tokens_total {self.tokens}",
+            "# TYPE edgespec_tokens_per_second gauge", f"edgespec_tokens_per_second {rate:.3f}",
+            "# TYPE edgespec_tokens_per_verify_pass gauge",
+            f"edgespec_tokens_per_verify_pass {per_pass:.4f}",
+            "# TYPE edgespec_queue_length gauge", f"edgespec_queue_length {queue}",
+            "# TYPE edgespec_acceptance gauge",
+        ]
+        for i, (d, a) in enumerate(zip(self.drafted_at, self.accepted_at)):
+            lines.append(f'edgespec_acceptance{{position="{i + 1}"}} {a / d if d else 0.0:.4f}')
+        return "\n".join(lines) + "\n"
+
+
+def make_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 8):
+    """The FastAPI app serving `llm` (a SpeculativeLlama) under `model_name`. (No postponed
+    annotations in this module: FastAPI reads the handlers' `Request` annotation at runtime.)"""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
+
+    app = FastAPI(title="edgespec", docs_url=None, redoc_url=None)
+    metrics = Metrics()
+    turn = threading.Lock()  # the model's one cache: one generation at a time
+    waiting = {"n": 0}
+    created = int(time.time())
+
+    def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+        metrics.errors += 1
+        return JSONResponse({"error": {"message": message, "type": kind, "param": None,
+                                       "code": status}}, status_code=status)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request, e: ApiError):
+        return error(e.status, e.message, e.kind)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request, e: HTTPException):
+        return error(e.status_code, str(e.detail), "not_found_error" if e.status_code == 404 else
+                     "invalid_request_error")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request, e: Exception):
+        return error(500, f"internal error: {one_line(e)}", "server_error")
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if api_key and request.url.path.startswith("/v1/"):
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                return error(401, "invalid API key", "authentication_error")
+        return await call_next(request)
+
+    async def body_of(request: Request, allowed: set[str]) -> dict:
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError:
+            raise ApiError(400, "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        unknown = sorted(set(body) - allowed - IGNORED_FIELDS)
+        if unknown:
+            raise ApiError(400, f"unsupported field(s): {', '.join(unknown)}")
+        if body.get("n", 1) != 1:
+            raise ApiError(400, "only n = 1 is supported")
+        return {k: v for k, v in body.items() if k in allowed and k != "model"}
+
+    def check_fits(ids_len: int) -> None:
+        if ids_len >= llm.n_ctx():
+            raise ApiError(413, f"the prompt is {ids_len} tokens; the context holds {llm.n_ctx()}")
+
+    count = threading.Lock()  # guards waiting["n"] (released from worker threads too)
+
+    async def acquire() -> None:
+        with count:
+            if waiting["n"] >= max_queue + 1:
+                raise ApiError(503, "the server is busy: too many requests waiting", "server_busy")
+            waiting["n"] += 1
+        try:
+            while not turn.acquire(blocking=False):
+                await asyncio.sleep(0.005)
+        except BaseException:
+            with count:
+                waiting["n"] -= 1
+            raise
+
+    def release() -> None:
+        with count:
+            waiting["n"] -= 1
+        turn.release()
+
+    def call(fn, kwargs):
+        try:
+            return fn(**kwargs)
+        except NotImplementedError as e:
+            raise ApiError(400, str(e)) from None
+        except (EdgespecError, TypeError, ValueError) as e:
+            raise ApiError(400, one_line(e)) from None
+
+    def record(final: dict) -> None:
+        sp = final.get("speculative") or {}
+        metrics.add(sp, llm.last_drafted_at, llm.last_accepted_at)
+
+    async def respond(fn, kwargs: dict):
+        metrics.requests += 1
+        await acquire()
+        if not kwargs.get("stream"):
+            try:
+                out = await run_in_threadpool(call, fn, kwargs)
+            finally:
+                release()
+            record(out)
+            return JSONResponse(out)
+        try:
+            chunks = await run_in_threadpool(call, fn, kwargs)
+        except BaseException:
+            release()
+            raise
+        # A worker thread drives the generation and hands chunks over; when the client goes
+        # away the worker stops after the current step and frees the model.
+        out: queue.Queue = queue.Queue()
+        stop = threading.Event()
+        threading.Thread(target=_pump, args=(chunks, out, stop, release), daemon=True).start()
+
+        async def events():
+            last = None
+            try:
+                while True:
+                    try:
+                        kind, item = out.get_nowait()
+                    except queue.Empty:
+                        await asyncio.sleep(0.002)
+                        continue
+                    if kind == "end":
+                        break
+                    if kind == "error":
+                        metrics.errors += 1
+                        yield f"data: {json.dumps({'error': {'message': item, 'type': 'server_error'}})}\n\n"
+                        continue
+                    last = item
+                    yield f"data: {json.dumps(item)}\n\n"
+                yield "data: [DONE]\n\n"
+                if last is not None:
+                    record(last)
+            finally:
+                stop.set()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        kw = await body_of(request, COMPLETION_FIELDS)
+        if not isinstance(kw.get("prompt"), (str, list)):
+            raise ApiError(400, "'prompt' must be a string or a list of token ids")
+        if isinstance(kw["prompt"], list) and kw["prompt"] and isinstance(kw["prompt"][0], str):
+            if len(kw["prompt"]) != 1:
+                raise ApiError(400, "only one prompt per request is supported")
+            kw["prompt"] = kw["prompt"][0]
+        n = len(kw["prompt"]) if isinstance(kw["prompt"], list) else len(
+            llm.tokenize(kw["prompt"].encode("utf-8", "replace")))
+        check_fits(n)
+        return await respond(llm.create_completion, kw)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        kw = await body_of(request, CHAT_FIELDS)
+        msgs = kw.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(
+                isinstance(m, dict) and isinstance(m.get("content"), str) for m in msgs):
+            raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects")
+        check_fits(llm.chat_prompt_tokens(msgs))
+        return await respond(llm.create_chat_completion, kw)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model",
+                                            "created": created, "owned_by": "edgespec"}]}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_name, "busy": turn.locked(),
+                "queue": max(0, waiting["n"] - int(turn.locked()))}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.text(max(0, waiting["n"] - int(turn.locked()))))
+
+    @app.get("/")
+    async def page():
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+
+    return app
+
+
+def _pump(chunks, out: queue.Queue, stop: threading.Event, release) -> None:
+    """Run a streaming generation in this thread, chunk by chunk, until it ends or `stop`."""
+    try:
+        for chunk in chunks:
+            out.put(("chunk", chunk))
+            if stop.is_set():
+                break
+    except Exception as e:  # the stream has started: the error goes out as an event
+        out.put(("error", one_line(e)))
+    finally:
+        chunks.close()
+        release()
+        out.put(("end", None))
+
+
+def serve(target: str, draft: str | None = "default", host: str = "127.0.0.1", port: int = 8080,
+          n_ctx: int = 4096, threads: int | None = None, api_key: str | None = None,
+          max_queue: int = 8, lm_head: str = "auto") -> None:
+    """Load the target and drafter, then serve until interrupted."""
+    import uvicorn
+
+    from edgespec.runtime.api import SpeculativeLlama
+
+    llm = SpeculativeLlama(target, n_ctx=n_ctx, n_threads=threads, draft=draft, lm_head=lm_head)
+    app = make_app(llm, llm.engine.spec.name, api_key=api_key, max_queue=max_queue)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -6,9 +6,10 @@
     llm.create_chat_completion(messages=[{"role": "user", "content": "Hi"}], stream=True)
 
 The same arguments, defaults and sampling chain (min-p, typical, penalties, logit bias, in
-llama.cpp's order), and the same OpenAI-style return dicts and streaming chunks as
+llama.cpp's order; GBNF grammars and JSON mode through llama.cpp's grammar sampler, drafts cut
+where they leave the grammar), and the same OpenAI-style return dicts and streaming chunks as
 `llama_cpp.Llama`, plus a `speculative` entry with the decode statistics. Options not
-implemented (grammar, JSON mode, tools, logprobs, mirostat, custom processors, suffix) raise
+implemented (tools, streamed logprobs, mirostat, custom processors, suffix) raise
 NotImplementedError naming them. Successive calls keep the cache's common prefix with the new
 prompt (a chat's next turn decodes only the new tokens); streamed text holds back what could
 still become a stop string, so it always joins to the non-streamed text.
@@ -20,10 +21,12 @@ import time
 import uuid
 from typing import Iterator
 
+from edgespec.errors import EdgespecError
 from edgespec.runtime.chat import render_chat
 from edgespec.runtime.decoding import Generation
 from edgespec.runtime.drafters import make_drafter
 from edgespec.runtime.generate import open_target
+from edgespec.runtime.grammar import Grammar
 from edgespec.runtime.policies import make_policy
 from edgespec.runtime.sampling import SamplingParams
 
@@ -82,7 +85,8 @@ class SpeculativeLlama:
     def __call__(self, prompt: str, **kw):
         return self.create_completion(prompt, **kw)
 
-    def _run(self, ids: list[int], max_tokens: int | None, stop, seed, **sampling) -> Generation:
+    def _run(self, ids: list[int], max_tokens: int | None, stop, seed, logprobs: int | None = None,
+             grammar=None, **sampling) -> Generation:
         if max_tokens is None or max_tokens <= 0:  # llama-cpp-python: until the context is full
             max_tokens = self.engine.n_ctx - len(ids)
         stop = [stop] if isinstance(stop, str) else list(stop or [])
@@ -90,7 +94,19 @@ class SpeculativeLlama:
                             penalty_last_n=self.last_n_tokens_size, **sampling)
         policy = make_policy(self.policy, self.k if self.drafter else 0, self.engine, greedy=sp.greedy)
         return Generation(self.engine, ids, sp, max_tokens=max_tokens, drafter=self.drafter,
-                          policy=policy, stop=stop)
+                          policy=policy, stop=stop, logprobs=logprobs, grammar=grammar)
+
+    def _token_logprobs(self, gen: Generation) -> list[tuple[str, float, list[tuple[str, float]]]]:
+        """(token text, logprob, [(top token text, logprob), ...]) per emitted token, end of
+        generation tokens left out, as llama-cpp-python reports them."""
+        def text(t: int) -> str:
+            return self.engine.token_bytes(t).decode("utf-8", errors="ignore")
+
+        out = []
+        for tok, (lp, top) in zip(gen.token_ids, gen.logprobs):
+            if not self.engine.is_eog(tok):
+                out.append((text(tok), lp, [(text(t), v) for t, v in top]))
+        return out
 
     def _stats(self, gen: Generation) -> dict:
         self.last_stats = gen.stats.to_dict()
@@ -115,12 +131,13 @@ class SpeculativeLlama:
                           mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
                           model: str | None = None, stopping_criteria=None,
                           logits_processor=None, grammar=None, logit_bias: dict | None = None):
-        _refuse(suffix=suffix, logprobs=logprobs, mirostat_mode=mirostat_mode or None,
+        _refuse(suffix=suffix, mirostat_mode=mirostat_mode or None,
                 stopping_criteria=stopping_criteria, logits_processor=logits_processor,
-                grammar=grammar)
+                **{"logprobs with stream or echo": logprobs is not None and (stream or echo) or None})
         ids = list(prompt) if isinstance(prompt, list) else self.engine.tokenize(prompt)
         text_in = prompt if isinstance(prompt, str) else self.detokenize(ids).decode("utf-8", "replace")
-        gen = self._run(ids, max_tokens, stop, seed, **_sampling(
+        gen = self._run(ids, max_tokens, stop, seed, logprobs,
+                        Grammar.for_engine(self.engine, grammar), **_sampling(
             temperature, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,
             presence_penalty, logit_bias))
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
@@ -129,8 +146,18 @@ class SpeculativeLlama:
         for _ in gen:
             pass
         text = (text_in if echo else "") + gen.text
+        lps = None
+        if logprobs is not None:
+            rows = self._token_logprobs(gen)
+            offsets, at = [], len(text_in)
+            for tok_text, _, _ in rows:
+                offsets.append(at)
+                at += len(tok_text)
+            lps = {"tokens": [r[0] for r in rows], "text_offset": offsets,
+                   "token_logprobs": [r[1] for r in rows],
+                   "top_logprobs": [{**dict(r[2]), r[0]: r[1]} for r in rows]}
         return {"id": cid, "object": "text_completion", "created": created, "model": self.model_path,
-                "choices": [{"text": text, "index": 0, "logprobs": None,
+                "choices": [{"text": text, "index": 0, "logprobs": lps,
                              "finish_reason": self._finish(gen)}],
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": gen.stats.tokens,
                           "total_tokens": len(ids) + gen.stats.tokens},
@@ -162,27 +189,36 @@ class SpeculativeLlama:
                                model: str | None = None, logits_processor=None, grammar=None,
                                logit_bias: dict | None = None, logprobs: bool | None = None,
                                top_logprobs: int | None = None):
-        text_only = response_format is None or response_format.get("type") == "text"
         _refuse(functions=functions, function_call=function_call, tools=tools,
                 tool_choice=None if tool_choice in (None, "none", "auto") else tool_choice,
-                response_format=None if text_only else response_format, logprobs=logprobs,
-                top_logprobs=top_logprobs, mirostat_mode=mirostat_mode or None,
-                logits_processor=logits_processor, grammar=grammar)
+                mirostat_mode=mirostat_mode or None, logits_processor=logits_processor,
+                **{"logprobs with stream": bool(logprobs and stream) or None})
+        if response_format is not None and not isinstance(response_format, dict):
+            raise EdgespecError("response_format must be an object such as {\"type\": \"json_object\"}")
+        constrain = Grammar.for_engine(
+            self.engine, grammar,
+            None if not response_format or response_format.get("type") == "text" else response_format)
         prompt = render_chat(self.engine.spec, messages)
         if not self.engine.spec.chat_template:
             stop = list(stop or []) + ["\nUser:"] if not isinstance(stop, str) else [stop, "\nUser:"]
         ids = self.engine.tokenize(prompt)
-        gen = self._run(ids, max_tokens, stop, seed, **_sampling(
-            temperature, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,
-            presence_penalty, logit_bias))
+        gen = self._run(ids, max_tokens, stop, seed, (top_logprobs or 0) if logprobs else None,
+                        constrain, **_sampling(temperature, top_k, top_p, min_p, typical_p, repeat_penalty,
+                                    frequency_penalty, presence_penalty, logit_bias))
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         if stream:
             return self._stream_chat(gen, cid, created)
         for _ in gen:
             pass
+        lps = None
+        if logprobs:
+            lps = {"content": [{"token": t, "logprob": lp, "bytes": None,
+                                "top_logprobs": [{"token": u, "logprob": v, "bytes": None}
+                                                 for u, v in top]}
+                               for t, lp, top in self._token_logprobs(gen)], "refusal": None}
         return {"id": cid, "object": "chat.completion", "created": created, "model": self.model_path,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
-                             "logprobs": None, "finish_reason": self._finish(gen)}],
+                             "logprobs": lps, "finish_reason": self._finish(gen)}],
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": gen.stats.tokens,
                           "total_tokens": len(ids) + gen.stats.tokens},
                 "speculative": self._stats(gen)}

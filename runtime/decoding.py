@@ -130,25 +130,29 @@ class Stats:
         }
 
 
-def _accept_greedy(logits: np.ndarray, draft: Draft, sp: SamplingParams,
-                   recent: list[int]) -> tuple[int, int]:
+def _accept_greedy(logits: np.ndarray, draft: Draft, sp: SamplingParams, recent: list[int],
+                   grammar=None) -> tuple[int, int]:
     """(accepted count, next token): the target's argmax at each position decides (of the
-    biased, penalised logits where the request asks for those; each row's penalties see the
-    drafts before it)."""
-    for i, d in enumerate(draft.tokens):
-        top = sample(logits[i], sp, None, recent + draft.tokens[:i])
-        if top != d:
+    biased, penalised, grammar-constrained logits where the request asks for those; each row
+    sees the drafts before it). The grammar advances by every emitted token."""
+    n = len(draft.tokens)
+    for i in range(n + 1):  # row n (after every draft) always decides
+        top = sample(logits[i], sp, None, recent + draft.tokens[:i], grammar)
+        if grammar is not None:
+            grammar.accept(top)
+        if i == n or top != draft.tokens[i]:
             return i, top
-    return len(draft.tokens), sample(logits[len(draft.tokens)], sp, None, recent + draft.tokens)
 
 
 def _accept_sampled(logits: np.ndarray, draft: Draft, sp: SamplingParams,
-                    rng: np.random.Generator, recent: list[int]) -> tuple[int, int]:
+                    rng: np.random.Generator, recent: list[int], grammar=None) -> tuple[int, int]:
     for i, d in enumerate(draft.tokens):
-        p = probs(logits[i], sp, recent + draft.tokens[:i])
+        p = probs(logits[i], sp, recent + draft.tokens[:i], grammar)
         q = draft.q[i] if i < len(draft.q) else None
         qd = 1.0 if q is None else float(q[1][q[0] == d].sum())
         if qd > 0 and rng.random() < min(1.0, p[d] / qd):
+            if grammar is not None:
+                grammar.accept(d)
             continue
         residual = p.copy()
         if q is None:
@@ -158,8 +162,15 @@ def _accept_sampled(logits: np.ndarray, draft: Draft, sp: SamplingParams,
             np.maximum(residual, 0.0, out=residual)
         if residual.sum() <= 0:  # p == q exactly: any draw from p is right
             residual = p
-        return i, draw(residual / residual.sum(), rng)
-    return len(draft.tokens), sample(logits[len(draft.tokens)], sp, rng, recent + draft.tokens)
+        tok = draw(residual / residual.sum(), rng)
+        if grammar is not None:
+            grammar.accept(tok)
+        return i, tok
+    n = len(draft.tokens)
+    tok = sample(logits[n], sp, rng, recent + draft.tokens, grammar)
+    if grammar is not None:
+        grammar.accept(tok)
+    return n, tok
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -183,7 +194,7 @@ class Generation:
     def __init__(self, target: Target, prompt: list[int], sampling: SamplingParams,
                  max_tokens: int = 128, drafter: Drafter | None = None, policy=None,
                  stop: list[str] | None = None, prompt_hidden: int = 32,
-                 reuse_prefix: bool = True):
+                 reuse_prefix: bool = True, logprobs: int | None = None, grammar=None):
         if not prompt:
             raise EdgespecError("empty prompt: give some text to continue")
         if max_tokens < 1:
@@ -197,6 +208,12 @@ class Generation:
         self.stop = [s for s in (stop or []) if s]
         self.prompt_hidden = prompt_hidden  # prompt positions whose hidden states the head sees
         self.reuse_prefix = reuse_prefix  # keep the cache's common prefix with this prompt
+        # logprobs=N: per emitted token, its log-probability under the model (raw logits, as
+        # llama-cpp-python reports them) and the N most likely tokens; verification then reads
+        # every logit (the full LM head)
+        self.want_logprobs = logprobs
+        self.grammar = grammar  # runtime.grammar.Grammar: constrains every emitted token
+        self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self.want_hidden = bool(drafter and drafter.needs_hidden)
         self.stats = Stats(prompt_tokens=len(prompt))
         self.text = ""
@@ -226,6 +243,8 @@ class Generation:
                 logits, hidden = self._verify(draft)
                 self.policy.observe_verify(1 + len(draft.tokens), time.perf_counter() - tv)
                 n_acc, nxt = self._accept(logits, draft)
+                if self.want_logprobs is not None:
+                    self._record_logprobs(logits, draft.tokens[:n_acc] + [nxt])
                 self._rollback(draft, n_acc, hidden)
                 st.verify_s += time.perf_counter() - tv
                 self._feedback(draft, n_acc)
@@ -286,7 +305,7 @@ class Generation:
         draft = self.drafter.propose(self.context, rows, k, p_min=self.policy.p_min,
                                      limit=self.policy.limit)
         n_made = min(k, len(draft.tokens))
-        n = min(n_made, self.policy.trim(draft))
+        n = min(n_made, self.policy.trim(draft), self._grammar_allows(draft, n_made))
         draft.tokens, draft.q = draft.tokens[:n], draft.q[:n]
         dt = time.perf_counter() - td
         st.draft_s += dt
@@ -294,18 +313,47 @@ class Generation:
         self.policy.observe_draft_time(dt, n_made)
         return draft
 
+    def _grammar_allows(self, draft: Draft, n: int) -> int:
+        """How many of the first n drafts, in order, the grammar lets through (checked on a
+        copy of it). Only one-hot drafts are cut: a draft drawn from a reported q must reach
+        verification as drawn (p(d) = 0 rejects it there) for the rejection rule to stay exact."""
+        tokens = draft.tokens[:n]
+        if self.grammar is None or not tokens or any(q is not None for q in draft.q[:n]):
+            return len(tokens)
+        g = self.grammar.clone()
+        try:
+            for i, tok in enumerate(tokens):
+                if not g.allows([tok])[0]:
+                    return i
+                g.accept(tok)
+            return len(tokens)
+        finally:
+            g.close()
+
     def _verify(self, draft: Draft) -> tuple[np.ndarray, np.ndarray | None]:
         """One batched target pass over [pending] + drafts: logits (and hidden states) per row,
         views valid until the target's next decode."""
         return self.target.decode([self.pending] + draft.tokens, hidden=self.want_hidden,
                                   all_logits=bool(draft.tokens), copy=False,
-                                  top_only=self.sampling.greedy and not self.sampling.adjusts_logits)
+                                  top_only=self.sampling.greedy and not self.sampling.adjusts_logits
+                                  and self.want_logprobs is None and self.grammar is None)
 
     def _accept(self, logits: np.ndarray, draft: Draft) -> tuple[int, int]:
         """(drafts accepted, the target's own next token)."""
         if self.sampling.greedy:
-            return _accept_greedy(logits, draft, self.sampling, self.token_ids)
-        return _accept_sampled(logits, draft, self.sampling, self._rng, self.token_ids)
+            return _accept_greedy(logits, draft, self.sampling, self.token_ids, self.grammar)
+        return _accept_sampled(logits, draft, self.sampling, self._rng, self.token_ids, self.grammar)
+
+    def _record_logprobs(self, logits: np.ndarray, emitted: list[int]) -> None:
+        """Row i of the verify pass predicted emitted token i."""
+        for row, tok in zip(logits, emitted):
+            x = row.astype(np.float64)
+            lp = x - x.max()
+            lp -= np.log(np.exp(lp).sum())
+            n = self.want_logprobs
+            top = np.argpartition(-lp, n - 1)[:n] if 0 < n < lp.size else np.arange(min(n, lp.size))
+            top = top[np.argsort(-lp[top], kind="stable")]
+            self.logprobs.append((float(lp[tok]), [(int(t), float(lp[t])) for t in top]))
 
     def _rollback(self, draft: Draft, n_acc: int, hidden: np.ndarray | None) -> None:
         """Keep the hidden states of the accepted rows, then drop the rejected drafts from the

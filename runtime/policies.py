@@ -226,12 +226,13 @@ class CostAware(FixedK):
     expected tokens per second. Estimates start optimistic (prior 0.8) so a fresh generation
     drafts at once and learns from what gets accepted (EMA 0.2); each draft source has its own.
 
-    A source whose estimates say "fewer than k" is still tried one draft longer than they pay
-    for now and then (verified untrimmed), so its acceptance further out and the cost of longer
-    passes keep being measured and can recover. The wait between tries starts at `probe_every`
-    passes and doubles after each try that leaves the tried draft well short of paying (its
-    acceptance estimate under 0.8 of the break-even one, up to `max_probe_every`): a source
-    that never pays costs next to nothing, one near the edge keeps being tried."""
+    A source whose estimates say "fewer than k" still drafts all k now and then (verified
+    untrimmed), so its acceptance at every position and the cost of every length keep being
+    measured and can recover (drafts tend to be right or wrong as a whole: one whole try lifts
+    every position at once). The wait between tries starts at `probe_every` passes and doubles
+    after each try that leaves the next draft position well short of paying (its acceptance
+    estimate under 0.8 of the break-even one, up to `max_probe_every`): a source that never
+    pays costs next to nothing, one near the edge keeps being tried."""
 
     name = "cost"
 
@@ -305,7 +306,7 @@ class CostAware(FixedK):
             return best
         self._wait[source] = 0
         self._trying[source] = (best + 1, best)
-        return best + 1
+        return self.k
 
     def trim(self, draft) -> int:
         if draft.source in self._trying:
@@ -327,7 +328,7 @@ class CostAware(FixedK):
             need = self._break_even(acc, length)
             if self._best(acc) > before or acc[length - 1] >= 0.8 * need:
                 self._every[source] = self.probe_every  # it pays, or it nearly does: keep trying
-            elif self.c.timed(length + 1):  # a try only counts once its pass length is timed
+            elif self.c.timed(drafted + 1):  # a try only counts once its pass length is timed
                 self._every[source] = min(2 * every, self.max_probe_every)
 
     def _break_even(self, acc: list[float], n: int) -> float:

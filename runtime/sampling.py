@@ -79,10 +79,12 @@ def adjusted(logits: np.ndarray, p: SamplingParams, recent=()) -> np.ndarray:
     return x
 
 
-def probs(logits: np.ndarray, p: SamplingParams, recent=()) -> np.ndarray:
-    """The distribution that sampling draws from, llama.cpp's chain (see SamplingParams).
-    [V] float64."""
+def probs(logits: np.ndarray, p: SamplingParams, recent=(), grammar=None) -> np.ndarray:
+    """The distribution that sampling draws from, llama.cpp's chain (see SamplingParams; a
+    grammar masks right after the penalties, where llama-cpp-python puts it). [V] float64."""
     x = adjusted(logits, p, recent)
+    if grammar is not None:
+        x = grammar.mask(x)
     if p.top_k and p.top_k < x.size:
         kth = np.partition(x, -p.top_k)[-p.top_k]
         x[x < kth] = -np.inf
@@ -133,11 +135,17 @@ def _top_p(x: np.ndarray, top_p: float) -> np.ndarray:
         m = min(x.size, m * 8)
 
 
-def sample(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, recent=()) -> int:
-    """One token from the target's logits: argmax when greedy, else a draw from `probs`."""
+def sample(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, recent=(),
+           grammar=None) -> int:
+    """One token from the target's logits: argmax when greedy, else a draw from `probs`.
+    `grammar`: anything with `allows(tokens)` and `mask(logits)` (see runtime/grammar.py)."""
     if p.greedy:
-        return int(np.argmax(adjusted(logits, p, recent) if p.adjusts_logits else logits))
-    return draw(probs(logits, p, recent), rng)
+        x = adjusted(logits, p, recent) if p.adjusts_logits else logits
+        top = int(np.argmax(x))
+        if grammar is None or grammar.allows([top])[0]:  # masking only removes tokens
+            return top
+        return int(np.argmax(grammar.mask(x)))
+    return draw(probs(logits, p, recent, grammar), rng)
 
 
 def draw(dist: np.ndarray, rng: np.random.Generator) -> int:

@@ -246,3 +246,82 @@ def test_two_streams_on_one_model_do_not_mix():
     assert got2 == plain_greedy(MockTarget(seed=5), [4, 5, 6], 20)
     with pytest.raises(EdgespecError, match="another generation"):
         next(g1)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_logprobs_are_the_models_at_each_emitted_token(k):
+    t = MockTarget(seed=6)
+    g = Generation(t, [1, 2], SamplingParams(temperature=0.7, seed=1), max_tokens=20,
+                   drafter=NoisyOracle(t, err=0.3) if k else None, policy=FixedK(k), logprobs=2)
+    toks = [tok for tok, _ in g]
+    ctx = [1, 2]
+    for tok, (lp, top) in zip(toks, g.logprobs):
+        x = t.logits_after(ctx)
+        want = x - x.max() - np.log(np.exp(x - x.max()).sum())
+        assert lp == pytest.approx(want[tok]) and len(top) == 2
+        assert [i for i, _ in top] == list(np.argsort(-want)[:2])
+        ctx.append(tok)
+    assert len(g.logprobs) >= len(toks)
+
+
+class ParityGrammar:
+    """A toy grammar on the mock's tokens: after token a, token b may follow when a + b is odd;
+    the loop's grammar interface (allows, mask, accept, clone, close)."""
+
+    def __init__(self, last=1):
+        self.last = last
+
+    def allows(self, tokens):
+        return np.array([(self.last + t) % 2 == 1 for t in tokens])
+
+    def mask(self, logits):
+        x = np.asarray(logits, np.float64).copy()
+        x[~self.allows(range(len(x)))] = -np.inf
+        return x
+
+    def accept(self, token):
+        self.last = token
+
+    def clone(self):
+        return ParityGrammar(self.last)
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_grammar_constrained_speculation_equals_constrained_plain_decoding(k):
+    """Every emitted token obeys the grammar; drafts that break it are cut before
+    verification; greedy output equals constrained decoding without a draft."""
+    t = MockTarget(seed=8)
+    plain = Generation(t, [1, 2], SamplingParams(), max_tokens=40, grammar=ParityGrammar(2))
+    want = [tok for tok, _ in plain]
+    g = Generation(t, [1, 2], SamplingParams(), max_tokens=40, drafter=NoisyOracle(t, err=0.5),
+                   policy=FixedK(k), grammar=ParityGrammar(2))
+    got = [tok for tok, _ in g]
+    assert got == want
+    assert all((a + b) % 2 == 1 for a, b in zip([2] + got, got))
+    assert g.stats.drafted < g.stats.draft_steps  # some drafts broke the grammar and were cut
+
+
+def test_grammar_constrained_sampling_keeps_the_constrained_law():
+    from mock import SamplingDrafter
+
+    sp_kw = {"temperature": 1.0}
+    n, counts = 3000, {}
+    for seed in range(n):
+        t = MockTarget(vocab=6, seed=11, sharp=1.0)
+        g = Generation(t, [1, 2], SamplingParams(seed=seed, **sp_kw), max_tokens=2,
+                       drafter=SamplingDrafter(6, seed=10**6 + seed), policy=FixedK(2),
+                       grammar=ParityGrammar(2))
+        key = tuple(tok for tok, _ in g)
+        counts[key] = counts.get(key, 0) + 1
+    t, sp = MockTarget(vocab=6, seed=11, sharp=1.0), SamplingParams(**sp_kw)
+    p1 = probs(t.logits_after([1, 2]), sp, [], ParityGrammar(2))
+    expected = {(a, b): n * p1[a] * probs(t.logits_after([1, 2, a]), sp, [a], ParityGrammar(a))[b]
+                for a in range(6) for b in range(6)}
+    assert set(counts) <= {c for c, e in expected.items() if e > 0}
+    cells = [(counts.get(c, 0), e) for c, e in expected.items() if e >= 5]
+    chi2 = sum((o - e) ** 2 / e for o, e in cells)
+    dof = len(cells) - 1
+    assert chi2 < dof + 4.5 * np.sqrt(2 * dof), (chi2, dof)

@@ -11,8 +11,8 @@ def test_cost_policy_drafts_when_verification_is_cheap_and_drafts_good():
     assert cheap.limit("") == 4
     dear = CostAware(4, [0.010, 0.020, 0.030, 0.040, 0.050], draft_step_s=0.002, prior=0.5)
     ks = [dear.limit("") for _ in range(32)]
-    assert ks.count(0) == 30 and ks.count(1) == 2  # only the periodic tries draft, one longer
-    assert dear.trim(Draft([1])) == 1  # the last try is verified untrimmed
+    assert ks.count(0) == 30 and ks.count(4) == 2  # only the periodic tries draft (all k)
+    assert dear.trim(Draft([1, 2, 3, 4])) == 4  # the last try is verified untrimmed
 
 
 def test_tries_that_change_nothing_back_off():
@@ -28,7 +28,7 @@ def test_tries_that_change_nothing_back_off():
         p.observe_verify(n + 1, 0.010 * (n + 1))
         p.update(n, 0, "head")
     gaps = [b - a for a, b in zip(tries, tries[1:])]
-    assert gaps[:6] == [4, 4, 8, 16, 32, 32]
+    assert gaps[:6] == [4, 4, 8, 16, 32, 32]  # doubling once the tried length is timed
     good = CostAware(3, [0.010, 0.011, 0.012, 0.013], draft_step_s=1e-4, prior=0.1, probe_every=4)
     for _ in range(40):  # tries that get accepted raise the estimate: the source drafts again
         p_n = good.limit("head")
@@ -57,7 +57,7 @@ def test_cost_policy_keeps_apart_estimates_per_draft_source():
     assert p.limit("lookup") == 3
     assert p.trim(Draft([1, 2, 3], source="lookup")) == 3
     limits = [p.limit("head") for _ in range(32)]
-    assert limits.count(0) == 30 and limits.count(1) == 2
+    assert limits.count(0) == 30 and limits.count(3) == 2
 
 
 def test_make_policy_takes_the_engines_draft_length_when_none_is_given():

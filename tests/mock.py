@@ -142,3 +142,22 @@ def write_numpy_checkpoint(folder, config, fingerprint: str, draft_ids, target: 
             "draft_vocab": {"size": len(draft_ids), "coverage": 1.0}}
     (folder / CKPT_CONFIG).write_text(json.dumps(meta))
     return folder
+
+
+def assert_joint_law(counts: dict, n: int, sp_kw: dict, grammar=None) -> None:
+    """Chi-square check that `counts` of the first two tokens after [1, 2] (n runs on
+    MockTarget(vocab=6, seed=11, sharp=1.0)) follow the target's sampling law; `grammar(last)`:
+    the constraint after token `last`, if any."""
+    from edgespec.runtime.sampling import SamplingParams, probs
+
+    t = MockTarget(vocab=6, seed=11, sharp=1.0)
+    sp = SamplingParams(**sp_kw)
+    g = grammar or (lambda last: None)
+    p1 = probs(t.logits_after([1, 2]), sp, [], g(2))
+    expected = {(a, b): n * p1[a] * probs(t.logits_after([1, 2, a]), sp, [a], g(a))[b]
+                for a in range(6) for b in range(6)}
+    assert set(counts) <= {c for c, e in expected.items() if e > 0}
+    cells = [(counts.get(c, 0), e) for c, e in expected.items() if e >= 5]
+    chi2 = sum((o - e) ** 2 / e for o, e in cells)
+    dof = len(cells) - 1
+    assert chi2 < dof + 4.5 * np.sqrt(2 * dof), (chi2, dof)

@@ -305,7 +305,7 @@ def test_grammar_constrained_speculation_equals_constrained_plain_decoding(k):
 
 
 def test_grammar_constrained_sampling_keeps_the_constrained_law():
-    from mock import SamplingDrafter
+    from mock import SamplingDrafter, assert_joint_law
 
     sp_kw = {"temperature": 1.0}
     n, counts = 3000, {}
@@ -316,12 +316,4 @@ def test_grammar_constrained_sampling_keeps_the_constrained_law():
                        grammar=ParityGrammar(2))
         key = tuple(tok for tok, _ in g)
         counts[key] = counts.get(key, 0) + 1
-    t, sp = MockTarget(vocab=6, seed=11, sharp=1.0), SamplingParams(**sp_kw)
-    p1 = probs(t.logits_after([1, 2]), sp, [], ParityGrammar(2))
-    expected = {(a, b): n * p1[a] * probs(t.logits_after([1, 2, a]), sp, [a], ParityGrammar(a))[b]
-                for a in range(6) for b in range(6)}
-    assert set(counts) <= {c for c, e in expected.items() if e > 0}
-    cells = [(counts.get(c, 0), e) for c, e in expected.items() if e >= 5]
-    chi2 = sum((o - e) ** 2 / e for o, e in cells)
-    dof = len(cells) - 1
-    assert chi2 < dof + 4.5 * np.sqrt(2 * dof), (chi2, dof)
+    assert_joint_law(counts, n, sp_kw, grammar=ParityGrammar)

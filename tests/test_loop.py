@@ -11,7 +11,7 @@ from edgespec.runtime.formats import HeadConfig
 from edgespec.runtime.policies import CostAware, FixedK
 from edgespec.runtime.sampling import SamplingParams, probs
 from edgespec.targets import load_target_spec
-from mock import MockTarget, NoisyOracle, write_numpy_checkpoint
+from mock import MockTarget, NoisyOracle, assert_joint_law, write_numpy_checkpoint
 
 
 class FixedCost(CostAware):
@@ -87,19 +87,6 @@ def test_head_drafter_sampling_keeps_target_distribution(head_ckpt):
         key = tuple(tok for tok, _ in g)
         counts[key] = counts.get(key, 0) + 1
     assert_joint_law(counts, n, sp_kw)
-
-
-def assert_joint_law(counts, n, sp_kw):
-    t = MockTarget(vocab=6, seed=11, sharp=1.0)
-    sp = SamplingParams(**sp_kw)
-    p1 = probs(t.logits_after([1, 2]), sp, [])
-    expected = {(a, b): n * p1[a] * probs(t.logits_after([1, 2, a]), sp, [a])[b]
-                for a in range(6) for b in range(6)}
-    assert set(counts) <= {c for c, e in expected.items() if e > 0}
-    cells = [(counts.get(c, 0), e) for c, e in expected.items() if e >= 5]
-    chi2 = sum((o - e) ** 2 / e for o, e in cells)
-    dof = len(cells) - 1
-    assert chi2 < dof + 4.5 * np.sqrt(2 * dof), (chi2, dof)
 
 
 @pytest.mark.parametrize("err", [0.5, 1.0])

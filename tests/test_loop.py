@@ -9,7 +9,7 @@ from edgespec.runtime.decoding import Draft, Generation
 from edgespec.runtime.drafters import HeadDrafter, MixedDrafter, PromptLookup
 from edgespec.runtime.formats import HeadConfig
 from edgespec.runtime.policies import CostAware, FixedK
-from edgespec.runtime.sampling import SamplingParams, probs
+from edgespec.runtime.sampling import SamplingParams
 from edgespec.targets import load_target_spec
 from mock import MockTarget, NoisyOracle, assert_joint_law, write_numpy_checkpoint
 

@@ -391,12 +391,13 @@ class Generation:
         else:
             piece = self._utf8.decode(self.target.token_bytes(tok))
             self.text += piece
-            for s in self.stop:
-                at = self.text.find(s, max(0, len(self.text) - len(piece) - len(s)))
-                if at >= 0:
-                    self.text = self.text[:at]
-                    st.finish_reason = "stop"
-                    break
+            # the earliest stop string this piece completes cuts (llama-cpp-python takes the
+            # first listed one found, which can leave another stop string in the text)
+            hits = [at for s in self.stop
+                    if (at := self.text.find(s, max(0, len(self.text) - len(piece) - len(s)))) >= 0]
+            if hits:
+                self.text = self.text[:min(hits)]
+                st.finish_reason = "stop"
         if not st.finish_reason:
             if st.tokens >= self.max_tokens:
                 st.finish_reason = "length"

@@ -25,24 +25,24 @@ class PromptLookup:
     the tokens that followed it."""
 
     needs_hidden = False
-    name = "lookup"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.last_match = 0  # n-gram length behind the latest proposal (0: none)
+        # the draft source: matches of 2 or more tokens are accepted more often than 1-token
+        # ones, so the policy keeps their estimates apart
+        self.name = "lookup" if min_ngram == 1 else f"lookup{min_ngram}+"
 
     def reset(self) -> None:
         pass
 
     def propose(self, context: list[int], hidden, k: int, p_min: float = 0.0,
                 limit: Limit | None = None) -> Draft:
-        if limit:
-            k = min(k, limit(self.name))
+        """The policy's limit is asked only when there is something to propose, so its tries
+        land on passes where the context repeats."""
         n_ctx = len(context)
-        if k <= 0:
-            self.last_match = 0
-            return Draft([], source=self.name)
         arr = np.asarray(context)
+        self.last_match = 0
         for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
             tail = arr[n_ctx - n:]
             # candidate starts s with arr[s:s+n] == tail, s + n < n_ctx (something follows)
@@ -51,8 +51,8 @@ class PromptLookup:
             if len(hits):
                 s = int(hits[-1]) + n
                 self.last_match = n
-                return Draft([int(x) for x in arr[s:s + k]], source=self.name)
-        self.last_match = 0
+                k = min(k, limit(self.name)) if limit else k
+                return Draft([int(x) for x in arr[s:s + max(k, 0)]], source=self.name)
         return Draft([], source=self.name)
 
 
@@ -148,7 +148,9 @@ class MixedDrafter:
     needs_hidden = True
 
     def __init__(self, head: HeadDrafter, lookup: PromptLookup | None = None, min_match: int = 2):
-        self.head, self.lookup, self.min_match = head, lookup or PromptLookup(), min_match
+        # lookup only proposes n-grams of min_match or more: the head drafts everywhere else
+        self.head, self.min_match = head, min_match
+        self.lookup = lookup or PromptLookup(min_ngram=min_match)
         self.name = f"{head.name}+lookup"
 
     def reset(self) -> None:
@@ -175,4 +177,4 @@ def make_drafter(draft: str | None, spec):
     alone = draft.startswith("head:")
     name = draft[len("head:"):] if alone else draft
     head = HeadDrafter(default_head(spec) if name == "default" else name, spec)
-    return head if alone else MixedDrafter(head, PromptLookup())
+    return head if alone else MixedDrafter(head)

@@ -75,6 +75,15 @@ def bench_table(path: Path) -> str:
                      f"after loading the target engine {mem['rss_after_target_mb']:.0f} MB, after the "
                      f"drafters {mem['rss_after_drafters_mb']:.0f} MB "
                      f"(+{100 * mem['drafters_share_of_target']:.0f}%), peak {mem['peak_rss_mb']:.0f} MB.")
+    turn = r.get("second_turn")
+    if turn:
+        lines.append("")
+        lines.append(f"Second turn (each prompt, its reply and a follow-up request; median of "
+                     f"{turn['prompts']} prompts, {turn['median_prompt_tokens']:.0f} tokens): prefill "
+                     f"{turn['median_prefill_reused_ms']:.1f} ms keeping the cache "
+                     f"({turn['median_tokens_reused']:.0f} tokens reused), "
+                     f"{turn['median_prefill_fresh_ms']:.1f} ms from an empty cache "
+                     f"(median ratio {turn['median_prefill_speedup']:.1f}x).")
     return "\n".join(lines)
 
 

@@ -108,12 +108,12 @@ def test_streamed_pieces_join_to_the_text_cut_at_the_first_stop(pieces, stops, s
         shown += piece
         assert not any(s in shown for s in stops)
     assert shown == g.text
-    want = ""  # llama-cpp-python's rule: after each token, the first listed stop found cuts
+    want = ""  # after each token, the earliest stop string in the text cuts
     for tok in plain_greedy(t, [1, 2], len(g.token_ids)):
         want += pieces[tok]
-        hit = next((s for s in stops if s in want), None)
-        if hit:
-            want = want[:want.index(hit)]
+        hits = [want.index(s) for s in stops if s in want]
+        if hits:
+            want = want[:min(hits)]
             break
     assert g.text == want
 

@@ -33,11 +33,11 @@ class RecordingHead(HeadDrafter):
 
 def test_mixed_drafter_uses_lookup_on_repeats_and_feeds_the_head_every_row():
     head = RecordingHead()
-    d = MixedDrafter(head, PromptLookup(max_ngram=3), min_match=2)
+    d = MixedDrafter(head, min_match=2)
     rows = [np.full((2, 4), i, np.float32) for i in range(3)]
     # [1, 2] occurred before: lookup drafts, the head is not run, its rows wait
     got = d.propose([1, 2, 3, 5, 1, 2], rows[0], 2)
-    assert got.tokens == [3, 5] and got.source == "lookup" and not head.calls
+    assert got.tokens == [3, 5] and got.source == "lookup2+" and not head.calls
     # only a 1-gram repeats: the head drafts, and gets both batches of rows in order
     got = d.propose([1, 2, 3, 5, 1, 2, 7, 9, 5], rows[1], 3)
     assert got.tokens == [42, 42, 42] and got.source == "head"
@@ -63,12 +63,12 @@ def test_drafters_ask_the_policy_before_drafting():
     """A source the policy holds at zero drafts nothing (no head steps computed), while its
     rows still reach the head the next time it may draft."""
     head = RecordingHead()
-    d = MixedDrafter(head, PromptLookup(max_ngram=3), min_match=2)
-    limits = {"lookup": 0, "head": 0}
+    d = MixedDrafter(head, min_match=2)
+    limits = {"lookup2+": 0, "head": 0}
     rows = [np.full((1, 4), i, np.float32) for i in range(2)]
     got = d.propose([1, 2, 3, 5, 1, 2], rows[0], 3, limit=limits.get)
     assert got.tokens == [] and not head.calls
-    limits.update(lookup=1, head=2)
+    limits.update({"lookup2+": 1, "head": 2})
     assert d.propose([1, 2, 3, 5, 1, 2], rows[1], 3, limit=limits.get).tokens == [3]
     got = d.propose([7, 8, 9], None, 3, limit=limits.get)
     assert got.tokens == [42, 42] and head.calls[0][1].shape == (2, 4)

@@ -226,10 +226,11 @@ class CostAware(FixedK):
     expected tokens per second. Estimates start optimistic (prior 0.8) so a fresh generation
     drafts at once and learns from what gets accepted (EMA 0.2); each draft source has its own.
 
-    A source whose estimates say "fewer than k" still drafts all k now and then (verified
-    untrimmed), so its acceptance at every position and the cost of every length keep being
-    measured and can recover (drafts tend to be right or wrong as a whole: one whole try lifts
-    every position at once). The wait between tries starts at `probe_every` passes and doubles
+    A source whose estimates say "shorter than could pay" still drafts, now and then, as far as
+    any draft could pay were every token right at the learned costs (verified untrimmed), so
+    its acceptance at those positions and the cost of those lengths keep being measured and can
+    recover (drafts tend to be right or wrong as a whole: one such try lifts every position at
+    once; lengths no draft could pay for are never tried). The wait between tries starts at `probe_every` passes and doubles
     after each try that leaves the next draft position well short of paying (its acceptance
     estimate under 0.8 of the break-even one, up to `max_probe_every`): a source that never
     pays costs next to nothing, one near the edge keeps being tried."""
@@ -298,15 +299,18 @@ class CostAware(FixedK):
 
     def limit(self, source: str) -> int:
         best = self._best(self._acc(source))
-        if best >= self.k:
-            return self.k
+        # how far a draft could pay were every token right; until the longest pass has been
+        # timed, the curve there is only a prior (perhaps measured on a busy machine): try it all
+        reach = self._best([1.0] * self.k) if self.c.timed(self.k + 1) else self.k
+        if best >= reach:
+            return best
         wait = self._wait.get(source, 0) + 1
         if wait < self._every.get(source, self.probe_every):
             self._wait[source] = wait
             return best
         self._wait[source] = 0
         self._trying[source] = (best + 1, best)
-        return self.k
+        return reach
 
     def trim(self, draft) -> int:
         if draft.source in self._trying:

@@ -9,7 +9,7 @@ from edgespec.runtime.policies import CostAware
 def test_cost_policy_drafts_when_verification_is_cheap_and_drafts_good():
     cheap = CostAware(4, [0.010, 0.011, 0.012, 0.013, 0.014], draft_step_s=0.0005, prior=0.8)
     assert cheap.limit("") == 4
-    dear = CostAware(4, [0.010, 0.020, 0.030, 0.040, 0.050], draft_step_s=0.002, prior=0.5)
+    dear = CostAware(4, [0.010, 0.014, 0.018, 0.022, 0.026], draft_step_s=0.002, prior=0.3)
     ks = [dear.limit("") for _ in range(32)]
     assert ks.count(0) == 30 and ks.count(4) == 2  # only the periodic tries draft (all k)
     assert dear.trim(Draft([1, 2, 3, 4])) == 4  # the last try is verified untrimmed
@@ -18,14 +18,14 @@ def test_cost_policy_drafts_when_verification_is_cheap_and_drafts_good():
 def test_tries_that_change_nothing_back_off():
     """A source that never pays is tried ever more rarely once the tried pass length is timed
     (three timings): its cost tends to nothing."""
-    p = CostAware(3, [0.010, 0.020, 0.030, 0.040], draft_step_s=0.002, prior=0.1,
+    p = CostAware(3, [0.010, 0.013, 0.016, 0.019], draft_step_s=0.002, prior=0.1,
                   probe_every=4, max_probe_every=32)
     tries = []
     for i in range(200):
         n = p.limit("head")
         if n:
             tries.append(i)
-        p.observe_verify(n + 1, 0.010 * (n + 1))
+        p.observe_verify(n + 1, [0.010, 0.013, 0.016, 0.019][n])
         p.update(n, 0, "head")
     gaps = [b - a for a, b in zip(tries, tries[1:])]
     assert gaps[:6] == [4, 4, 8, 16, 32, 32]  # doubling once the tried length is timed
@@ -194,7 +194,7 @@ def test_try_back_off_carries_over_between_generations(tmp_path, monkeypatch):
     from edgespec.runtime.policies import VerifyCost
 
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
-    costs = [0.010, 0.020, 0.030, 0.040]
+    costs = [0.010, 0.013, 0.016, 0.019]
     live = VerifyCost(costs)
 
     def generation(n_passes):
@@ -234,3 +234,18 @@ def test_a_draft_near_paying_keeps_being_tried():
         p.update(n, acc)
     gaps = [b - a for a, b in zip(tries, tries[1:])]
     assert len(tries) > 20 and max(gaps[5:]) <= 8
+
+
+def test_lengths_no_draft_could_pay_for_are_not_tried_once_timed():
+    """When even a perfect draft of more than one token cannot pay at the timed costs, tries
+    stop at one token: a try never pays for lengths the machine has shown to be too dear."""
+    from edgespec.runtime.policies import VerifyCost
+
+    costs = [0.010, 0.016, 0.060, 0.080]
+    c = VerifyCost(costs)
+    for n, sec in enumerate(costs, 1):
+        for _ in range(3):
+            c.observe(n, sec)
+    p = CostAware(3, c, draft_step_s=1e-4, prior=0.1, probe_every=4)
+    tried = {p.limit("") for _ in range(40)}
+    assert tried == {0, 1}

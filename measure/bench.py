@@ -147,7 +147,7 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     for m in methods:
         run(m, warm)
     results = {m.name: MethodResult(m) for m in methods}
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(background_load)]
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(background_load)]
     turns: list[dict] = []
     try:
         _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, render_chat, turns)
@@ -174,6 +174,10 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         report["device"] = device
     return report
 
+
+# A CPU hog that spins only while the bench that started it lives: a bench killed before its
+# clean-up must not leave it running (one did, and loaded the next runs).
+HOG = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass"
 
 FOLLOW_UP = "\n\nNow say the same again, more briefly:\n"
 

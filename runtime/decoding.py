@@ -130,6 +130,12 @@ class Stats:
         }
 
 
+def _before(sp: SamplingParams, recent: list[int], drafts: list[int], i: int) -> list[int]:
+    """The tokens the penalties of verify row i look back over (none when they are off: the
+    decode loop does not copy its history for nothing)."""
+    return recent[-sp.penalty_last_n:] + drafts[:i] if sp.penalizes else []
+
+
 def _accept_greedy(logits: np.ndarray, draft: Draft, sp: SamplingParams, recent: list[int],
                    grammar=None) -> tuple[int, int]:
     """(accepted count, next token): the target's argmax at each position decides (of the
@@ -137,7 +143,7 @@ def _accept_greedy(logits: np.ndarray, draft: Draft, sp: SamplingParams, recent:
     sees the drafts before it). The grammar advances by every emitted token."""
     n = len(draft.tokens)
     for i in range(n + 1):  # row n (after every draft) always decides
-        top = sample(logits[i], sp, None, recent + draft.tokens[:i], grammar)
+        top = sample(logits[i], sp, None, _before(sp, recent, draft.tokens, i), grammar)
         if grammar is not None:
             grammar.accept(top)
         if i == n or top != draft.tokens[i]:
@@ -147,7 +153,7 @@ def _accept_greedy(logits: np.ndarray, draft: Draft, sp: SamplingParams, recent:
 def _accept_sampled(logits: np.ndarray, draft: Draft, sp: SamplingParams,
                     rng: np.random.Generator, recent: list[int], grammar=None) -> tuple[int, int]:
     for i, d in enumerate(draft.tokens):
-        p = probs(logits[i], sp, recent + draft.tokens[:i], grammar)
+        p = probs(logits[i], sp, _before(sp, recent, draft.tokens, i), grammar)
         q = draft.q[i] if i < len(draft.q) else None
         qd = 1.0 if q is None else float(q[1][q[0] == d].sum())
         if qd > 0 and rng.random() < min(1.0, p[d] / qd):
@@ -167,7 +173,7 @@ def _accept_sampled(logits: np.ndarray, draft: Draft, sp: SamplingParams,
             grammar.accept(tok)
         return i, tok
     n = len(draft.tokens)
-    tok = sample(logits[n], sp, rng, recent + draft.tokens, grammar)
+    tok = sample(logits[n], sp, rng, _before(sp, recent, draft.tokens, n), grammar)
     if grammar is not None:
         grammar.accept(tok)
     return n, tok

@@ -195,7 +195,8 @@ def measure_verify_cost(engine, n_max: int, repeats: int = 5, top_only: bool = T
     machine, engine, target and LM head, else the stored prior, else a short measurement;
     learned online after."""
     key = cost_key(engine, top_only)
-    live = _LIVE.get((str(cache.cache_root()), key))
+    live_key = (str(cache.cache_root()), key)
+    live = _LIVE.get(live_key)
     if live is not None and len(live) >= n_max:
         return live
     stored = cache.read_json(COST_FILE).get(key)
@@ -208,7 +209,7 @@ def measure_verify_cost(engine, n_max: int, repeats: int = 5, top_only: bool = T
         engine.prefill(saved)
         store_verify_cost(key, costs)
         curve = VerifyCost(costs, key=key)
-    _LIVE[(str(cache.cache_root()), key)] = curve
+    _LIVE[live_key] = curve
     return curve
 
 
@@ -230,8 +231,9 @@ class CostAware(FixedK):
     any draft could pay were every token right at the learned costs (verified untrimmed), so
     its acceptance at those positions and the cost of those lengths keep being measured and can
     recover (drafts tend to be right or wrong as a whole: one such try lifts every position at
-    once; lengths no draft could pay for are never tried). The wait between tries starts at `probe_every` passes and doubles
-    after each try that leaves the next draft position well short of paying (its acceptance
+    once; lengths no draft could pay for are never tried). The wait between tries starts at
+    `probe_every` passes and doubles after each try that leaves the next draft position well
+    short of paying (its acceptance
     estimate under 0.8 of the break-even one, up to `max_probe_every`): a source that never
     pays costs next to nothing, one near the edge keeps being tried."""
 

@@ -59,8 +59,13 @@ class SamplingParams:
     def adjusts_logits(self) -> bool:
         """Whether a token's logit depends on more than the model (bias or penalties): greedy
         decoding then needs every logit, not only the top ones."""
-        return bool(self.logit_bias) or (self.penalty_last_n > 0 and (
-            self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0))
+        return bool(self.logit_bias) or self.penalizes
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether the repetition penalties are on (they read the recent tokens)."""
+        return self.penalty_last_n > 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
+                                            or self.presence_penalty != 0.0)
 
 
 def adjusted(logits: np.ndarray, p: SamplingParams, recent=()) -> np.ndarray:
@@ -70,8 +75,8 @@ def adjusted(logits: np.ndarray, p: SamplingParams, recent=()) -> np.ndarray:
     for tok, b in (p.logit_bias or {}).items():
         if 0 <= tok < x.size:
             x[tok] += b
-    window = list(recent)[-p.penalty_last_n:] if p.penalty_last_n else []
-    if window and p.adjusts_logits:
+    window = list(recent)[-p.penalty_last_n:] if p.penalizes else []
+    if window:
         ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
         v = x[ids]
         v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)

@@ -74,6 +74,9 @@ class Draft:
 # ask before drafting, so a draft step that would be trimmed away is never computed.
 Limit = Callable[[str], int]
 
+# The head reads hidden states only while the policy says it may draft within this many passes
+HIDDEN_LEAD = 16
+
 
 class Drafter(Protocol):
     needs_hidden: bool  # whether propose() reads the target's hidden states
@@ -96,6 +99,7 @@ class Stats:
     verify_passes: int = 0
     drafted: int = 0  # draft tokens sent to verification
     draft_steps: int = 0  # draft tokens computed (a policy may trim some before verifying)
+    hidden_passes: int = 0  # verify passes that read hidden states for the head
     accepted: int = 0
     accepted_at: list[int] = field(default_factory=list)  # accepted count per draft position
     drafted_at: list[int] = field(default_factory=list)
@@ -121,7 +125,7 @@ class Stats:
         return {
             "prompt_tokens": self.prompt_tokens, "prompt_reused": self.prompt_reused,
             "tokens": self.tokens, "verify_passes": self.verify_passes, "drafted": self.drafted,
-            "draft_steps": self.draft_steps,
+            "draft_steps": self.draft_steps, "hidden_passes": self.hidden_passes,
             "accepted": self.accepted, "mean_accepted": round(self.mean_accepted, 4),
             "acceptance_by_position": [round(x, 4) for x in self.acceptance_by_position()],
             "prefill_s": round(self.prefill_s, 4), "decode_s": round(self.decode_s, 4),
@@ -221,6 +225,7 @@ class Generation:
         self.grammar = grammar  # runtime.grammar.Grammar: constrains every emitted token
         self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self.want_hidden = bool(drafter and drafter.needs_hidden)
+        self._reading = False  # whether the last pass read hidden states (see `_read_hidden`)
         self.stats = Stats(prompt_tokens=len(prompt))
         self.text = ""
         self._shown = 0  # characters of `text` handed out as pieces so far
@@ -276,7 +281,8 @@ class Generation:
         _OWNER[t] = self
         if self.drafter:
             self.drafter.reset()
-        n_h = min(len(self.prompt) - 1, self.prompt_hidden) if self.want_hidden else 0
+        self._reading = self._read_hidden()
+        n_h = min(len(self.prompt) - 1, self.prompt_hidden) if self._reading else 0
         n_plain = len(self.prompt) - 1 - n_h
         keep = _common_prefix(t.tokens, self.prompt[:n_plain]) if self.reuse_prefix else 0
         if keep:
@@ -303,7 +309,7 @@ class Generation:
 
     def _draft(self, k: int) -> Draft:
         """Up to k guesses for the tokens after `pending`, trimmed by the policy."""
-        if not self.drafter or k <= 0 or (self.want_hidden and not self._fresh_hidden):
+        if not self.drafter or k <= 0:
             return Draft([])
         st, td = self.stats, time.perf_counter()
         rows = np.concatenate(self._fresh_hidden) if self._fresh_hidden else None
@@ -336,10 +342,25 @@ class Generation:
         finally:
             g.close()
 
+    def _read_hidden(self) -> bool:
+        """Whether the next pass reads hidden states: only while the head may draft within
+        `HIDDEN_LEAD` passes. Reading them costs every pass something (embeddings mode), so a
+        head the policy holds at zero between rare tries costs nothing meanwhile; it restarts
+        from the rows read in the passes before its try (as it does after a long pause)."""
+        return self.want_hidden and self.policy.soon("head", HIDDEN_LEAD)
+
     def _verify(self, draft: Draft) -> tuple[np.ndarray, np.ndarray | None]:
         """One batched target pass over [pending] + drafts: logits (and hidden states) per row,
         views valid until the target's next decode."""
-        return self.target.decode([self.pending] + draft.tokens, hidden=self.want_hidden,
+        reading = self._read_hidden()
+        if self.want_hidden and not reading and self._reading:
+            # a gap: rows from before it must not be read as if they were contiguous with later ones
+            self._fresh_hidden = []
+            self.drafter.reset()
+        self._reading = reading
+        if reading:
+            self.stats.hidden_passes += 1
+        return self.target.decode([self.pending] + draft.tokens, hidden=reading,
                                   all_logits=bool(draft.tokens), copy=False,
                                   top_only=self.sampling.greedy and not self.sampling.adjusts_logits
                                   and self.want_logprobs is None and self.grammar is None)

@@ -32,27 +32,40 @@ class PromptLookup:
         # the draft source: matches of 2 or more tokens are accepted more often than 1-token
         # ones, so the policy keeps their estimates apart
         self.name = "lookup" if min_ngram == 1 else f"lookup{min_ngram}+"
+        self.reset()
 
     def reset(self) -> None:
-        pass
+        self._toks: list[int] = []  # the context indexed so far
+        self._index: dict[tuple, int] = {}  # n-gram -> its latest start, for n-grams followed by a token
+
+    def _update(self, context: list[int]) -> None:
+        """Index every n-gram of `context` that some token follows (the context only grows
+        within a generation: new tokens cost a few dict writes, not a scan)."""
+        n0 = len(self._toks)
+        if n0 > len(context) or context[:n0] != self._toks:
+            self.reset()
+            n0 = 0
+        idx = self._index
+        # n-grams ending at position e (e <= len - 2) are followed by a token
+        for e in range(max(0, n0 - 1), len(context) - 1):
+            for n in range(self.min_ngram, min(self.max_ngram, e + 1) + 1):
+                idx[tuple(context[e - n + 1:e + 1])] = e - n + 1
+        self._toks.extend(context[len(self._toks):])
 
     def propose(self, context: list[int], hidden, k: int, p_min: float = 0.0,
                 limit: Limit | None = None) -> Draft:
         """The policy's limit is asked only when there is something to propose, so its tries
         land on passes where the context repeats."""
+        self._update(context)
         n_ctx = len(context)
-        arr = np.asarray(context)
         self.last_match = 0
         for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
-            tail = arr[n_ctx - n:]
-            # candidate starts s with arr[s:s+n] == tail, s + n < n_ctx (something follows)
-            win = np.lib.stride_tricks.sliding_window_view(arr[:n_ctx - 1], n)
-            hits = np.flatnonzero((win == tail).all(1))
-            if len(hits):
-                s = int(hits[-1]) + n
+            s = self._index.get(tuple(context[n_ctx - n:]))
+            if s is not None:
                 self.last_match = n
                 k = min(k, limit(self.name)) if limit else k
-                return Draft([int(x) for x in arr[s:s + max(k, 0)]], source=self.name)
+                s += n
+                return Draft(list(context[s:s + max(k, 0)]), source=self.name)
         return Draft([], source=self.name)
 
 
@@ -155,6 +168,7 @@ class MixedDrafter:
 
     def reset(self) -> None:
         self.head.reset()
+        self.lookup.reset()
 
     def propose(self, context: list[int], hidden, k: int, p_min: float = 0.0,
                 limit: Limit | None = None) -> Draft:

@@ -45,6 +45,11 @@ class FixedK:
         step not worth verifying is not worth computing)."""
         return self.k
 
+    def soon(self, source: str, passes: int) -> bool:
+        """Whether `source` may draft within the next `passes` passes (a drafter that reads
+        the target's hidden states needs them only then)."""
+        return self.k > 0
+
     def trim(self, draft) -> int:
         return len(draft.tokens)
 
@@ -299,11 +304,24 @@ class CostAware(FixedK):
                 best_k, best = j, rate
         return best_k
 
+    def _reach(self) -> int:
+        """How far a draft could pay were every token right; until the longest pass has been
+        timed, the curve there is only a prior (perhaps measured on a busy machine): all k."""
+        return self._best([1.0] * self.k) if self.c.timed(self.k + 1) else self.k
+
+    def soon(self, source: str, passes: int) -> bool:
+        # a source held short drafts again at its next try, no sooner than the passes it still
+        # waits (its wait counts only the passes it is asked in)
+        if self.k <= 0:
+            return False
+        best, reach = self._best(self._acc(source)), self._reach()
+        if best > 0 or best >= reach:
+            return best > 0
+        return self._every.get(source, self.probe_every) - self._wait.get(source, 0) <= passes
+
     def limit(self, source: str) -> int:
         best = self._best(self._acc(source))
-        # how far a draft could pay were every token right; until the longest pass has been
-        # timed, the curve there is only a prior (perhaps measured on a busy machine): try it all
-        reach = self._best([1.0] * self.k) if self.c.timed(self.k + 1) else self.k
+        reach = self._reach()
         if best >= reach:
             return best
         wait = self._wait.get(source, 0) + 1

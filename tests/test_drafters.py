@@ -85,3 +85,30 @@ def test_a_long_pause_costs_the_head_one_short_catch_up():
     head.propose([1, 2, 3], None, 3)
     (_, fed), = head.calls
     assert len(fed) == head.max_catch_up and fed[-1, 0] == 19
+
+
+def _scan(context, k, max_ngram, min_ngram):
+    """Prompt lookup by brute force: the latest earlier occurrence of the longest tail n-gram."""
+    for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+        tail = context[len(context) - n:]
+        for s in range(len(context) - n - 1, -1, -1):
+            if context[s:s + n] == tail:
+                return context[s + n:s + n + k], n
+    return [], 0
+
+
+def test_lookup_index_equals_a_full_scan_as_the_context_grows_or_changes():
+    """The n-gram index is kept up to date token by token; a context that is not an extension
+    of the last one (a new prompt, an edit) rebuilds it. Either way: what a scan finds."""
+    rng = np.random.default_rng(7)
+    for min_ngram in (1, 2):
+        pl = PromptLookup(min_ngram=min_ngram)
+        for _ in range(100):
+            ctx = [int(x) for x in rng.integers(0, 6, rng.integers(1, 5))]
+            for _ in range(40):
+                if rng.random() < 0.05:
+                    ctx = ctx[:rng.integers(1, len(ctx) + 1)]
+                ctx.append(int(rng.integers(0, 6)))
+                k = int(rng.integers(0, 5))
+                d = pl.propose(ctx, None, k)
+                assert (d.tokens, pl.last_match) == _scan(ctx, k, 3, min_ngram)

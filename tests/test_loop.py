@@ -187,3 +187,44 @@ def test_cost_policy_forgets_a_poisoned_curve_within_the_run():
     assert got == plain_greedy(t, [1, 2], 120)
     assert all(policy.c[n] < 0.005 for n in range(5))  # learned: every length about 1-1.5 ms
     assert policy.limit("") == 4 and g.stats.mean_accepted > 2.5
+
+
+def test_a_held_head_reads_no_hidden_states_between_its_tries(head_ckpt):
+    """Where the head does not pay, the policy holds it at zero between rare tries; the passes
+    in between read no hidden states (they cost every pass something on a real engine). Each
+    try still sees the right rows: contiguous, each the target's state at its position."""
+    spec, ckpt, _ = head_ckpt
+    t = MockTarget(vocab=12, seed=5, n_embd=N_EMBD)
+    head = HeadDrafter(ckpt, spec)
+    seen = []
+    chain = head._chain
+
+    def checked(context, hidden, k, p_min):
+        pos0 = len(context) - 1 - len(hidden)
+        for j, row in enumerate(hidden):  # hidden at m pairs (token m - 1, token m)
+            m = pos0 + j
+            want = t.proj[context[m - 1] if m else 0, context[m]] + m
+            assert np.allclose(row, want), f"row for position {m} is not the target's"
+        seen.append(len(hidden))
+        return chain(context, hidden, k, p_min)
+
+    head._chain = checked
+    costs = [0.010, 0.013, 0.016, 0.019]
+    policy = FixedCost(3, costs, draft_step_s=0.002, prior=0.05, probe_every=4, max_probe_every=64)
+    policy.c.est = list(costs)  # every length timed: failed tries back off
+    reads = []
+    decode = t.decode
+
+    def reading(tokens, hidden=False, **kw):  # rows carry their position (greedy text cycles)
+        reads.append(hidden)
+        n0 = len(t.tokens)
+        logits, hid = decode(tokens, hidden, **kw)
+        return logits, None if hid is None else hid + np.arange(n0, n0 + len(tokens))[:, None]
+
+    t.decode = reading
+    g = Generation(t, [1, 2, 3, 4], SamplingParams(), max_tokens=300, drafter=head, policy=policy)
+    assert [tok for tok, _ in g] == plain_greedy(t, [1, 2, 3, 4], 300)
+    st = g.stats
+    assert seen and st.drafted_at[0] == len(seen)  # every try drafted from rows it was given
+    assert st.hidden_passes == sum(reads[1:])  # (reads[0] is the prompt's rows, none here)
+    assert st.hidden_passes < st.verify_passes / 3  # held at zero: mostly no hidden states

@@ -249,3 +249,28 @@ def test_lengths_no_draft_could_pay_for_are_not_tried_once_timed():
     p = CostAware(3, c, draft_step_s=1e-4, prior=0.1, probe_every=4)
     tried = {p.limit("") for _ in range(40)}
     assert tried == {0, 1}
+
+
+def test_soon_says_when_a_held_source_may_draft_again():
+    """`soon(source, n)` is true at least n asks before every try (a drafter that reads hidden
+    states needs them only then) and false for most passes of a source that never pays."""
+    p = CostAware(3, [0.010, 0.013, 0.016, 0.019], draft_step_s=0.002, prior=0.1,
+                  probe_every=4, max_probe_every=64)
+    lead = 5
+    soon, tries = [], []
+    for i in range(400):
+        soon.append(p.soon("head", lead))
+        n = p.limit("head")
+        if n:
+            tries.append(i)
+        p.observe_verify(n + 1, [0.010, 0.013, 0.016, 0.019][n])
+        p.update(n, 0, "head")
+    assert len(tries) >= 5
+    for t in tries:
+        assert all(soon[max(0, t - lead + 1):t + 1]), f"try at {t} not announced {lead} asks ahead"
+    assert sum(soon) < len(soon) / 3
+    good = CostAware(3, [0.010, 0.011, 0.012, 0.013], draft_step_s=1e-4, prior=0.9)
+    assert good.soon("head", 1)  # a source that pays drafts now
+    never = CostAware(3, [0.010, 0.030, 0.060, 0.090], draft_step_s=0.01, prior=0.5)
+    never.c.est = list(never.c.curve)  # timed: no draft could ever pay
+    assert never.limit("head") == 0 and not never.soon("head", 1000)

@@ -58,6 +58,8 @@ class Target(Protocol):
     def truncate(self, n: int) -> None: ...
     def reset(self) -> None: ...
     def close(self) -> None: ...
+    # optional: hidden_free(top_only) -> bool, whether a decode computes the hidden states
+    # anyway (so reading them costs nothing)
 
 
 @dataclass
@@ -226,6 +228,11 @@ class Generation:
         self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self.want_hidden = bool(drafter and drafter.needs_hidden)
         self._reading = False  # whether the last pass read hidden states (see `_read_hidden`)
+        # greedy passes that read only argmaxes (the low-rank LM head may answer them)
+        self._top_only = (sampling.greedy and not sampling.adjusts_logits and logprobs is None
+                          and grammar is None)
+        free = getattr(target, "hidden_free", None)
+        self._hidden_free = bool(free and free(self._top_only))
         self.stats = Stats(prompt_tokens=len(prompt))
         self.text = ""
         self._shown = 0  # characters of `text` handed out as pieces so far
@@ -344,10 +351,12 @@ class Generation:
 
     def _read_hidden(self) -> bool:
         """Whether the next pass reads hidden states: only while the head may draft within
-        `HIDDEN_LEAD` passes. Reading them costs every pass something (embeddings mode), so a
-        head the policy holds at zero between rare tries costs nothing meanwhile; it restarts
-        from the rows read in the passes before its try (as it does after a long pause)."""
-        return self.want_hidden and self.policy.soon("head", HIDDEN_LEAD)
+        `HIDDEN_LEAD` passes, unless the engine computes them anyway (`hidden_free`: the low-rank
+        LM head reads them for every greedy pass). Reading them costs every pass something
+        (embeddings mode), so a head the policy holds at zero between rare tries costs nothing
+        meanwhile; it restarts from the rows read in the passes before its try (as it does
+        after a long pause)."""
+        return self.want_hidden and (self._hidden_free or self.policy.soon("head", HIDDEN_LEAD))
 
     def _verify(self, draft: Draft) -> tuple[np.ndarray, np.ndarray | None]:
         """One batched target pass over [pending] + drafts: logits (and hidden states) per row,
@@ -361,9 +370,7 @@ class Generation:
         if reading:
             self.stats.hidden_passes += 1
         return self.target.decode([self.pending] + draft.tokens, hidden=reading,
-                                  all_logits=bool(draft.tokens), copy=False,
-                                  top_only=self.sampling.greedy and not self.sampling.adjusts_logits
-                                  and self.want_logprobs is None and self.grammar is None)
+                                  all_logits=bool(draft.tokens), copy=False, top_only=self._top_only)
 
     def _accept(self, logits: np.ndarray, draft: Draft) -> tuple[int, int]:
         """(drafts accepted, the target's own next token)."""

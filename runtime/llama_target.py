@@ -278,6 +278,11 @@ class LlamaTarget(LlamaVocab):
             raise RuntimeError(f"llama_decode failed with code {rc}")
         self.tokens.extend(tokens)
 
+    def hidden_free(self, top_only: bool) -> bool:
+        """Whether decodes compute the final hidden states anyway: greedy passes through the
+        low-rank LM head read them (the probe) to find their candidates."""
+        return top_only and self.lowrank_head is not None
+
     def prefill(self, tokens: list[int]) -> None:
         """Decode prompt tokens into the cache with no outputs (embeddings off), in n_batch chunks."""
         self._set_embeddings(False)

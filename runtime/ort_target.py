@@ -121,6 +121,10 @@ class OrtTarget(LlamaVocab):
             logits, hid = self._run(tokens, rows)
         return logits, (hid if hidden else None)
 
+    def hidden_free(self, top_only: bool) -> bool:
+        """The exported graph returns the final hidden states with every decode."""
+        return True
+
     def describe_lm_head(self, greedy: bool = True) -> str:
         """The LM head verification uses (greedy passes may use the low-rank one), for reports."""
         quant = self.meta.get("quant", "?")

@@ -228,3 +228,30 @@ def test_a_held_head_reads_no_hidden_states_between_its_tries(head_ckpt):
     assert seen and st.drafted_at[0] == len(seen)  # every try drafted from rows it was given
     assert st.hidden_passes == sum(reads[1:])  # (reads[0] is the prompt's rows, none here)
     assert st.hidden_passes < st.verify_passes / 3  # held at zero: mostly no hidden states
+
+
+def test_hidden_states_an_engine_computes_anyway_are_always_read(head_ckpt):
+    """Greedy passes through the low-rank LM head (or an ONNX target) compute the hidden states
+    anyway: the head then keeps a complete cache even while the policy holds it."""
+    spec, ckpt, _ = head_ckpt
+    t = MockTarget(vocab=12, seed=5, n_embd=N_EMBD)
+    asked = []
+    t.hidden_free = lambda top_only: (asked.append(top_only), top_only)[1]
+    head = HeadDrafter(ckpt, spec)
+    resets = counting_resets(head)
+    costs = [0.010, 0.013, 0.016, 0.019]
+    policy = FixedCost(3, costs, draft_step_s=0.002, prior=0.05, probe_every=4, max_probe_every=64)
+    policy.c.est = list(costs)
+    g = Generation(t, [1, 2, 3, 4], SamplingParams(), max_tokens=200, drafter=head, policy=policy)
+    assert [tok for tok, _ in g] == plain_greedy(t, [1, 2, 3, 4], 200)
+    assert asked == [True] and g.stats.hidden_passes == g.stats.verify_passes
+    assert len(resets) == 1  # no gap: the head's cache stayed complete
+    t2 = MockTarget(vocab=12, seed=5, n_embd=N_EMBD)
+    t2.hidden_free = lambda top_only: top_only  # sampling passes read full logits: not free
+    policy = FixedCost(3, costs, draft_step_s=0.002, prior=0.05, probe_every=4, max_probe_every=64)
+    policy.c.est = list(costs)
+    g = Generation(t2, [1, 2, 3, 4], SamplingParams(temperature=0.8, seed=1), max_tokens=200,
+                   drafter=HeadDrafter(ckpt, spec), policy=policy)
+    for _ in g:
+        pass
+    assert g.stats.hidden_passes < g.stats.verify_passes / 2

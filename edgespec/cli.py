@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from edgespec import __version__
@@ -88,6 +89,8 @@ def _cmd_train(args) -> int:
                                online=args.online, cache_mb=args.online_cache_mb)
     meta = train(args.target, features, args.out, cfg, resume=args.resume,
                  head_overrides=overrides, log=lambda m: print(m, file=sys.stderr))
+    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports
+        return 0
     print(json.dumps({"out": args.out, "steps": meta["train"]["steps_done"],
                       "seconds": meta["train"]["seconds"],
                       "trainable_parameters": meta["train"]["trainable_parameters"],

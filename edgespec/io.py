@@ -81,12 +81,14 @@ def read_json(path: str | Path) -> dict:
         raise EdgespecError(f"{path}: not valid JSON ({e})") from None
 
 
-def progress(total: int, desc: str, unit: str = "it", initial: int = 0):
-    """A tqdm bar on stderr (tqdm comes with llama-cpp-python's dependencies)."""
+def progress(total: int, desc: str, unit: str = "it", initial: int = 0, show: bool = True):
+    """A tqdm bar on stderr (tqdm comes with llama-cpp-python's dependencies); `show=False`
+    (a rank other than 0) draws nothing."""
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr,
-                dynamic_ncols=True, disable=os.environ.get("EDGESPEC_NO_PROGRESS") == "1")
+                dynamic_ncols=True,
+                disable=not show or os.environ.get("EDGESPEC_NO_PROGRESS") == "1")
 
 
 def read_prompt_lines(path: str | Path, nonempty: bool = False) -> list[tuple[int, dict]]:

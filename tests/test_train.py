@@ -1,6 +1,7 @@
 """Features storage and the training loop on a tiny GGUF target and synthetic hidden states."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -240,3 +241,83 @@ def test_a_checkpoint_is_whole_after_its_weights_are_saved(tmp_path):
     assert read_checkpoint_head(ckpt).fingerprint == "abc"
     (ckpt / "config.json").unlink()  # killed before the first config.json was written
     assert read_checkpoint_head(ckpt).config == head.c
+
+
+TRAIN_ARGS = ["--steps", "16", "--batch", "4", "--seq-len", "16", "--unroll", "3", "--draft-vocab", "32",
+              "--threads", "1", "--layer-types", "sliding,global", "--save-every", "4"]
+
+
+def _torchrun(n: int, args: list[str], **kw):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_NO_PROGRESS="1")
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             f"--nproc-per-node={n}", "-m", "edgespec", "train", *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.integration
+def test_two_gloo_ranks_train_what_one_process_trains(tiny):
+    """torchrun with 2 CPU ranks (gloo) splits each global batch; the loss curve and the final
+    weights equal a one-process run with the same global batch and seed (float tolerance), and
+    the checkpoint records the world size. A batch that does not split is refused."""
+    import subprocess
+    import sys
+
+    from safetensors.numpy import load_file
+
+    path, _, feats, tmp = tiny
+    base = ["--target", str(path), "--features", str(feats), *TRAIN_ARGS]
+    one = subprocess.run([sys.executable, "-m", "edgespec", "train", *base, "--out", str(tmp / "one")],
+                         capture_output=True, text=True, env=dict(os.environ, EDGESPEC_NO_PROGRESS="1"))
+    assert one.returncode == 0, one.stderr
+    p = _torchrun(2, [*base, "--out", str(tmp / "two")])
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-2000:]
+    assert len([ln for ln in out.splitlines() if ln.startswith("{")]) == 1  # rank 0 reports
+    c1 = json.loads((tmp / "one" / "config.json").read_text())["train"]
+    c2 = json.loads((tmp / "two" / "config.json").read_text())["train"]
+    assert c1["world_size"] == 1 and c2["world_size"] == 2 and c2["backend"] == "gloo"
+    l1 = [h["loss"] for h in c1["history"]]
+    l2 = [h["loss"] for h in c2["history"]]
+    assert len(l1) == len(l2) >= 2 and np.allclose(l1, l2, rtol=1e-3, atol=1e-4), (l1, l2)
+    a, b = load_file(str(tmp / "one" / "model.safetensors")), load_file(str(tmp / "two" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.allclose(a[k], b[k], rtol=1e-3, atol=1e-4), k
+    odd = _torchrun(2, ["--target", str(path), "--features", str(feats), *TRAIN_ARGS, "--batch", "3",
+                        "--out", str(tmp / "odd")])
+    _, err = odd.communicate(timeout=300)
+    assert odd.returncode != 0 and "does not split over 2 ranks" in err
+
+
+@pytest.mark.integration
+def test_a_killed_rank_fails_the_job_and_resume_continues(tiny):
+    """SIGKILL one of two ranks mid-run: the job fails (torchrun names the dead rank), nothing
+    is left half-written, and the same command with --resume finishes from the last checkpoint."""
+    import signal
+    import subprocess
+    import time
+
+    path, _, feats, tmp = tiny
+    args = ["--target", str(path), "--features", str(feats), *TRAIN_ARGS, "--steps", "200",
+            "--out", str(tmp / "run")]
+    state = tmp / "run" / "train_state.pt"
+    p = _torchrun(2, args)
+    deadline = time.time() + 240
+    while not state.exists() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert p.poll() is None, "the run ended before its first checkpoint"
+    kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+    assert len(kids) == 2, kids
+    os.kill(int(kids[-1]), signal.SIGKILL)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode != 0
+    assert "SIGKILL" in err or "lost contact with another rank" in err, err[-2000:]
+    saved = torch.load(state, weights_only=False)["step"]
+    assert 0 < saved < 200
+    again = _torchrun(2, [*args, "--resume"])
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1])["steps"] == 200

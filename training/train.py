@@ -27,6 +27,7 @@ from edgespec.io import atomic_write, atomic_write_text, progress
 from edgespec.runtime.formats import (CKPT_CONFIG, CKPT_META_CONFIG, CKPT_STATE, CKPT_WEIGHTS, DRAFT_IDS,
                                        HeadConfig, read_checkpoint_config)
 from edgespec.targets import KNOWN_TARGETS, TargetSpec, embedding_rows, load_target_spec
+from edgespec.training.distributed import World, lost_peer
 from edgespec.training.features import Features, open_features
 from edgespec.training.head import MTPHead
 
@@ -85,30 +86,52 @@ def build_draft_vocab(token_arrays, n: int, n_vocab: int, always: list[int] = ()
 
 # -- batches ----------------------------------------------------------------------------------
 class Batcher:
-    """Random windows of (tokens, hidden) from training samples, as padded torch tensors."""
+    """Windows of (tokens, hidden) from training samples, as padded torch tensors.
+
+    Step s's global batch is a pure function of (seed, s): samples are taken in the order of a
+    per-epoch permutation (no sample twice in an epoch), each with a window start drawn from
+    (seed, s). With several ranks each reads its own share of the global batch (rank r takes
+    entries r, r + world, ...), so the batches, hence the run, do not depend on the world
+    size, and a resumed run draws what it would have drawn."""
 
     def __init__(self, feats: Features, indices: list[int], cfg: TrainConfig, embed: TensorRows,
-                 seed: int):
-        self.f, self.idx, self.cfg, self.embed = feats, indices, cfg, embed
-        self.rng = np.random.default_rng(seed)
+                 seed: int, rank: int = 0, world: int = 1):
+        self.f, self.idx, self.cfg, self.embed = feats, list(indices), cfg, embed
+        self.seed, self.rank, self.world = seed, rank, world
+        self._perms: dict[int, np.ndarray] = {}
 
-    def window(self, i: int, length: int, start: int | None = None):
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            self._perms = {epoch: np.random.default_rng([self.seed, 0, epoch]).permutation(self.idx)}
+        return self._perms[epoch]
+
+    def plan(self, step: int) -> tuple[list[int], list[int]]:
+        """Step `step`'s global batch: (sample indices, window starts)."""
+        c, n = self.cfg, len(self.idx)
+        length = c.seq_len + c.n_steps
+        samples = [int(self._perm(g // n)[g % n]) for g in range(step * c.batch, (step + 1) * c.batch)]
+        rng = np.random.default_rng([self.seed, 1, step])
+        starts = [int(rng.integers(0, max(1, len(self.f.tokens[i]) - length + 1))) for i in samples]
+        return samples, starts
+
+    def for_step(self, step: int):
+        """This rank's share of step `step`'s global batch."""
+        samples, starts = self.plan(step)
+        return self.batch(samples[self.rank::self.world], starts[self.rank::self.world])
+
+    def window(self, i: int, length: int, start: int):
         toks = self.f.tokens[i]
         hid = self.f.hidden(i)
-        if start is None:
-            start = int(self.rng.integers(0, max(1, len(toks) - length + 1)))
         return toks[start:start + length], hid[start:start + length]
 
-    def batch(self, samples: list[int] | None = None, starts: list[int] | None = None):
+    def batch(self, samples: list[int], starts: list[int]):
         c = self.cfg
         length = c.seq_len + c.n_steps  # positions that carry a hidden state or a token
-        if samples is None:
-            samples = list(self.rng.choice(self.idx, size=c.batch))
         toks = np.zeros((len(samples), length), dtype=np.int64)
         hid = np.zeros((len(samples), length, self.f.n_embd), dtype=np.float32)
         valid = np.zeros((len(samples), length), dtype=bool)
         for b, i in enumerate(samples):
-            t, h = self.window(i, length, None if starts is None else starts[b])
+            t, h = self.window(i, length, starts[b])
             toks[b, :len(t)], hid[b, :len(t)], valid[b, :len(t)] = t, h, True
         uniq, inv = np.unique(toks, return_inverse=True)
         emb = self.embed[uniq][inv.reshape(toks.shape)]
@@ -116,9 +139,29 @@ class Batcher:
                 torch.from_numpy(emb))
 
 
-def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d=None):
-    """Weighted KL over unrolled steps; returns (loss, per-step top-1 agreement with target)."""
+def loss_counts(toks, valid, cfg: TrainConfig, t2d=None) -> torch.Tensor:
+    """The positions each unrolled step's loss averages over (KL, then cross-entropy): summed
+    over the ranks, they make every rank's share a part of one global-batch mean."""
+    n, T = cfg.n_steps, valid.shape[1] - cfg.n_steps
+    out = []
+    for j in range(n):
+        m = (valid[:, j + 1:j + 1 + T] & valid[:, :T]).float()
+        out.append(m.sum())
+        if cfg.ce_weight and t2d is not None:
+            tgt = t2d[toks[:, j + 2:j + 2 + T]]
+            out.append((m[:, :tgt.shape[1]] * (tgt >= 0).float()).sum())
+    return torch.stack(out).double()
+
+
+def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d=None, counts=None):
+    """Weighted KL over unrolled steps; returns (loss, per-step top-1 agreements). `counts`:
+    the positions each mean is over (`loss_counts` summed over the ranks; by default this
+    batch's own), so with several ranks the loss is this rank's part of the global mean and
+    the agreements are sums (divide by the KL counts once summed over the ranks)."""
     n, T = cfg.n_steps, hid.shape[1] - cfg.n_steps
+    own = counts is None
+    counts = loss_counts(toks, valid, cfg, t2d) if own else counts
+    per = 2 if cfg.ce_weight and t2d is not None else 1
     outs = head.forward_chain(emb[:, 1:], hid[:, :T], n, valid=valid[:, :T])
     total, accs = 0.0, []
     wsum = sum(cfg.step_decay ** j for j in range(n))
@@ -131,18 +174,29 @@ def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d=None)
         q_log = torch.log_softmax(head.logits(out).float(), -1)
         m = (valid[:, j + 1:j + 1 + T] & valid[:, :T]).float()
         kl = (p * (logp_all[:, j:j + T] - q_log)).sum(-1)
-        loss_j = (kl * m).sum() / m.sum().clamp_min(1)
-        if cfg.ce_weight and t2d is not None:
+        loss_j = (kl * m).sum() / float(max(counts[per * j], 1))
+        if per == 2:
             tgt = t2d[toks[:, j + 2:j + 2 + T]]
             mm = m[:, :tgt.shape[1]] * (tgt >= 0).float()
             ce = F.cross_entropy(q_log[:, :tgt.shape[1]].transpose(1, 2), tgt.clamp_min(0),
                                  reduction="none")
-            loss_j = loss_j + cfg.ce_weight * (ce * mm).sum() / mm.sum().clamp_min(1)
+            loss_j = loss_j + cfg.ce_weight * (ce * mm).sum() / float(max(counts[per * j + 1], 1))
         total = total + (cfg.step_decay ** j) * loss_j / wsum
         with torch.no_grad():
-            agree = (q_log.argmax(-1) == p_logits.argmax(-1)).float()
-            accs.append(float((agree * m).sum() / m.sum().clamp_min(1)))
+            agree = float(((q_log.argmax(-1) == p_logits.argmax(-1)).float() * m).sum())
+            accs.append(agree / float(max(counts[per * j], 1)) if own else agree)
     return total, accs
+
+
+class _ChainLoss(torch.nn.Module):
+    """The training loss as a module's forward, so DistributedDataParallel can wrap it."""
+
+    def __init__(self, head: MTPHead, cfg: TrainConfig, t2d):
+        super().__init__()
+        self.head, self.cfg, self.t2d = head, cfg, t2d
+
+    def forward(self, toks, hid, valid, emb, counts):
+        return chain_loss(self.head, toks, hid, valid, emb, self.cfg, self.t2d, counts)
 
 
 # -- checkpoints ------------------------------------------------------------------------------
@@ -150,7 +204,7 @@ def save_checkpoint(folder: Path, head: MTPHead, meta: dict) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
     state[DRAFT_IDS] = torch.as_tensor(meta["draft_vocab"]["ids"])
     cfg = dict(meta)
     cfg["draft_vocab"] = {k: v for k, v in meta["draft_vocab"].items() if k not in ("ids", "d2t")}
@@ -268,8 +322,25 @@ def _lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None = None,
-          resume: bool = False, head_overrides: dict | None = None, log=print) -> dict:
-    cfg = cfg or TrainConfig()
+          resume: bool = False, head_overrides: dict | None = None, log=print,
+          world: World | None = None) -> dict:
+    """Train (or resume) a head. Under torchrun each rank runs this (see `distributed`): the
+    ranks split every global batch, rank 0 writes the checkpoints and shows progress."""
+    own_world = world is None
+    world = World.from_env() if own_world else world
+    try:
+        return _train(target, features, out, cfg or TrainConfig(), resume, head_overrides,
+                      log if world.main else (lambda m: None), world)
+    finally:
+        if own_world:
+            world.close()
+
+
+def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides, log,
+           world: World) -> dict:
+    if cfg.batch % world.size:
+        raise EdgespecError(f"--batch {cfg.batch} does not split over {world.size} ranks: "
+                            "give a multiple of the number of ranks")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -284,14 +355,15 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
         raise EdgespecError(f"{features}: too little data ({len(feats)} samples, "
                             f"{feats.n_tokens} tokens); make more with `edgespec data`")
     out = Path(out)
-    _check_writable(out)
+    if world.main:
+        _check_writable(out)
     state_path = out / CKPT_STATE
     embed = embedding_rows(spec)
     if resume and state_path.exists():
         head, meta = load_checkpoint(out)
         if meta["target_fingerprint"] != spec.tokenizer_fingerprint:
             raise EdgespecError(f"{out} is a head for another target")
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=False, map_location="cpu")
         start, cfg = state["step"], TrainConfig.from_dict(state["config"])
         if "head" in state:  # the state file is whole on its own: its weights go with its step
             head.load_state_dict(state["head"])
@@ -306,8 +378,10 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
         start, state = 0, None
         meta = {}
     head.lm_head.requires_grad_(False)
+    head.to(world.device)
     t2d = torch.full((spec.n_vocab,), -1, dtype=torch.long)
     t2d[torch.as_tensor(vocab["ids"])] = torch.arange(len(vocab["ids"]))
+    t2d = t2d.to(world.device)
     opts = _optimizers(head, cfg)
     if state is not None:
         for o, s in zip(opts, state["optimizers"]):
@@ -315,9 +389,9 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
     base_lrs = [[g["lr"] for g in o.param_groups] for o in opts]
     if state is not None:
         base_lrs = state["base_lrs"]
-    batcher = Batcher(feats, train_idx, cfg, embed, seed=cfg.seed)
-    if state is not None and "batcher_rng" in state:  # a resumed run draws the batches it would have
-        batcher.rng.bit_generator.state = state["batcher_rng"]
+    # a resumed run draws the batches it would have drawn: they depend on the step alone
+    batcher = Batcher(feats, train_idx, cfg, embed, seed=cfg.seed, rank=world.rank, world=world.size)
+    if state is not None and "torch_rng" in state:
         torch.set_rng_state(state["torch_rng"])
     meta.update({
         "format": "edgespec-head", "version": 1, "target": spec.name, "target_path": spec.path,
@@ -327,32 +401,48 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
         "train": {**asdict(cfg), "features": feats.manifest["data"] if feats.dtype == "online" else str(features),
                   "features_dtype": feats.dtype,
                   "train_samples": len(train_idx), "train_tokens": int(sum(len(feats.tokens[i]) for i in train_idx)),
-                  "trainable_parameters": head.trainable_parameters()},
+                  "trainable_parameters": head.trainable_parameters(),
+                  "world_size": world.size, "backend": world.backend or "single process"},
     })
     log(f"head: {head.trainable_parameters() / 1e6:.2f}M trainable parameters, draft vocab "
         f"{len(vocab['ids'])} (covers {vocab['coverage']:.1%} of training tokens), "
-        f"{len(train_idx)} training samples, {cfg.optimizer}")
+        f"{len(train_idx)} training samples, {cfg.optimizer}"
+        + (f", {world.size} ranks ({world.backend})" if world.size > 1 else ""))
     head.train()
-    bar = progress(total=cfg.steps, initial=start, desc="train", unit="step")
+    model = world.wrap(_ChainLoss(head, cfg, t2d))
+    per = 2 if cfg.ce_weight else 1
+    bar = progress(total=cfg.steps, initial=start, desc="train", unit="step", show=world.main)
     t0, hist = time.time(), (state or {}).get("history", [])
     meta["train"].update(steps_done=start, seconds=(state or {}).get("seconds", 0.0), history=hist)
     for step in range(start, cfg.steps):
         for o, lrs in zip(opts, base_lrs):
             for g, lr in zip(o.param_groups, lrs):
                 g["lr"] = lr * _lr_factor(step, cfg)
-        loss, accs = chain_loss(head, *batcher.batch(), cfg, t2d)
-        for o in opts:
-            o.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.clip)
-        for o in opts:
-            o.step()
+        toks, hid, valid, emb = (x.to(world.device) for x in batcher.for_step(step))
+        try:
+            counts = world.sum(loss_counts(toks, valid, cfg, t2d).to(world.device))
+            loss, agrees = model(toks, hid, valid, emb, counts)
+            for o in opts:
+                o.zero_grad(set_to_none=True)
+            # DDP averages the ranks' gradients; each rank's loss is its part of the global mean
+            (loss * world.size).backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.clip)
+            for o in opts:
+                o.step()
+            sums = world.sum(torch.tensor([loss.item(), *agrees], dtype=torch.float64,
+                                          device=world.device)).tolist()
+        except RuntimeError as e:  # gloo/nccl report a dead or hung peer as RuntimeError kinds
+            if world.size > 1:
+                raise lost_peer(world, e, step) from None
+            raise
+        loss_v = sums[0]
+        accs = [a / max(float(counts[per * j]), 1.0) for j, a in enumerate(sums[1:])]
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", acc1=f"{accs[0]:.2f}")
+        bar.set_postfix(loss=f"{loss_v:.3f}", acc1=f"{accs[0]:.2f}")
         if step % 50 == 0 or step == cfg.steps - 1:
-            hist.append({"step": step, "loss": round(loss.item(), 4),
+            hist.append({"step": step, "loss": round(loss_v, 4),
                          "agree": [round(a, 3) for a in accs]})
-        if (step + 1) % cfg.save_every == 0 or step == cfg.steps - 1:
+        if world.main and ((step + 1) % cfg.save_every == 0 or step == cfg.steps - 1):
             meta["train"]["steps_done"] = step + 1
             meta["train"]["seconds"] = round(time.time() - t0 + (state or {}).get("seconds", 0), 1)
             meta["train"]["history"] = hist
@@ -363,7 +453,7 @@ def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None
             st = {"step": step + 1, "config": asdict(cfg), "base_lrs": base_lrs,
                   "optimizers": [o.state_dict() for o in opts], "history": hist,
                   "seconds": meta["train"]["seconds"], "head": head.state_dict(),
-                  "batcher_rng": batcher.rng.bit_generator.state, "torch_rng": torch.get_rng_state()}
+                  "torch_rng": torch.get_rng_state()}
             atomic_write(state_path, lambda tmp: torch.save(st, tmp))
     bar.close()
     head.eval()

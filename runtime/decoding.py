@@ -233,6 +233,8 @@ class Generation:
                           and grammar is None)
         free = getattr(target, "hidden_free", None)
         self._hidden_free = bool(free and free(self._top_only))
+        if drafter is not None and hasattr(drafter, "set_sampling"):
+            drafter.set_sampling(None if sampling.greedy else sampling.temperature, sampling.seed)
         self.stats = Stats(prompt_tokens=len(prompt))
         self.text = ""
         self._shown = 0  # characters of `text` handed out as pieces so far

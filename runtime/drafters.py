@@ -99,7 +99,18 @@ class HeadDrafter:
         self.embed = embedding_rows(target_spec)
         self.name = str(path)
         self.pending: list[np.ndarray] = []  # hidden rows not yet fed to the head
+        self.temperature: float | None = None  # sampled decoding: drafts drawn from the head
+        self._rng = np.random.default_rng()
         single_thread_blas()
+
+    def set_sampling(self, temperature: float | None, seed: int | None = None) -> None:
+        """Sampled decoding (temperature > 0): each draft is drawn from the head's own
+        distribution at that temperature and reported with it (q), so verification accepts it
+        with probability min(1, p/q), which beats a one-hot argmax draft (accepted with p of
+        that token alone) wherever the head's distribution is near the target's; the law stays
+        the target's either way. None: greedy chains, one-hot. The draws use their own stream."""
+        self.temperature = temperature if temperature and temperature > 0 else None
+        self._rng = np.random.default_rng(None if seed is None or seed < 0 else [seed, 7])
 
     def reset(self) -> None:
         self.head.reset()
@@ -134,20 +145,29 @@ class HeadDrafter:
             h.reset()
         out, _ = h.forward(self.embed[np.asarray(context[pos0 + 1:n_ctx])], hidden, pos0,
                            commit=True)
-        drafts, conf, cache = [], [], (h.k, h.v)
+        drafts, conf, qs, cache = [], [], [], (h.k, h.v)
         for j in range(k):
             lg = h.last_logits
-            best = int(np.argmax(lg))
-            top = float(1.0 / np.exp(lg - lg[best]).sum())
+            if self.temperature:
+                z = (lg.astype(np.float64) - float(lg.max())) / self.temperature
+                pr = np.exp(z)
+                pr /= pr.sum()
+                best = int(min(np.searchsorted(np.cumsum(pr), self._rng.random(), side="right"),
+                               len(pr) - 1))
+                top = float(pr.max())
+            else:
+                best = int(np.argmax(lg))
+                top = float(1.0 / np.exp(lg - lg[best]).sum())
             if top < p_min and j > 0:
                 break
             tok = int(self.ids[best])
             drafts.append(tok)
             conf.append(top)
+            qs.append((self.ids, pr) if self.temperature else None)
             if j + 1 < k:
                 out, cache = h.forward(self.embed[np.array([tok])], out[-1:], n_ctx - 1 + j,
                                        commit=False, cache=cache)
-        return Draft(drafts, conf=conf, source="head")
+        return Draft(drafts, q=qs, conf=conf, source="head")
 
 
 class MixedDrafter:
@@ -169,6 +189,9 @@ class MixedDrafter:
     def reset(self) -> None:
         self.head.reset()
         self.lookup.reset()
+
+    def set_sampling(self, temperature: float | None, seed: int | None = None) -> None:
+        self.head.set_sampling(temperature, seed)
 
     def propose(self, context: list[int], hidden, k: int, p_min: float = 0.0,
                 limit: Limit | None = None) -> Draft:

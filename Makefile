@@ -6,7 +6,7 @@ STAMP := $(VENV)/.edgespec-installed
 # llama-cpp-python compiles llama.cpp; pip caches the built wheel for the next run.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo test test-fast llama-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +22,15 @@ demo: setup
 	$(BIN)/edgespec generate --target gemma3-270m --draft default --compare --max-tokens 96 \
 	  --prompt "The history of the Roman Empire"
 
-# Everything: unit tests and the integration tests on the real Gemma 3 270M and SmolLM2.
-test: setup
-	$(BIN)/python -m pytest tests
+# Stock llama.cpp's llama-server, llama-speculative-simple and llama-bench, built once from the
+# llama.cpp that llama-cpp-python vendors, into edgespec's cache (the peer in `bench --peers`).
+llama-tools: setup
+	scripts/build_llama_tools.sh $(BIN)/python
+
+# Everything: unit tests and the integration tests on the real Gemma 3 270M and SmolLM2, and the
+# tests that run the stock llama.cpp tools (built first, once).
+test: llama-tools
+	EDGESPEC_LLAMA_TOOLS="$$(scripts/build_llama_tools.sh $(BIN)/python)" $(BIN)/python -m pytest tests
 
 # The everyday tier: mock targets, tiny GGUF files and tiny heads only (well under 2 minutes).
 test-fast: setup

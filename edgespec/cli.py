@@ -198,13 +198,45 @@ def _cmd_bench(args) -> int:
     report = b.bench(args.target, prompts, methods, max_new_tokens=args.max_new_tokens,
                      threads=threads, temperature=args.temperature, seed=args.seed,
                      device=device, baseline=args.baseline, lm_head=args.lm_head,
-                     memory=not args.no_memory, background_load=args.background_load)
+                     memory=not args.no_memory, background_load=args.background_load,
+                     peers=tuple(args.peers or ()))
     print(b.format_table(report))
     if args.json:
         b.write_report(report, args.json)
         print(f"report written to {args.json}", file=sys.stderr)
     if args.plot:
         b.plot(report, args.plot)
+    return 0
+
+
+def _cmd_bench_serve(args) -> int:
+    from edgespec.measure import bench as b
+    from edgespec.measure.serve_bench import bench_serve, format_serve
+    from edgespec.prompts import DEFAULT_PROMPTS, read_prompts
+
+    try:
+        clients = [int(c) for c in args.clients.split(",") if c.strip()]
+    except ValueError:
+        raise EdgespecError(f"--clients takes counts like 1,2,4,8, not '{args.clients}'") from None
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    known = {"edgespec", "edgespec:none", "llama-server", "llama-server:ngram-simple",
+             "llama-server:ngram-mod", "llama-server:ngram-map-k"}
+    bad = [s for s in servers if s not in known]
+    if bad:
+        raise EdgespecError(f"unknown server '{bad[0]}'; choose from {', '.join(sorted(known))}")
+    if any(s.startswith("llama-server") for s in servers):
+        from edgespec.measure.peers import find_tool
+
+        find_tool("llama-server")
+    prompts = read_prompts(args.prompts or DEFAULT_PROMPTS)
+    if args.json:
+        b.ensure_new(args.json)
+    report = bench_serve(args.target, prompts, clients, servers, per_client=args.requests_per_client,
+                         max_tokens=args.max_tokens, n_ctx=args.n_ctx, threads=args.threads)
+    print(format_serve(report))
+    if args.json:
+        b.write_report(report, args.json)
+        print(f"report written to {args.json}", file=sys.stderr)
     return 0
 
 
@@ -371,6 +403,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
     s.set_defaults(func=_cmd_serve)
 
+    s = sub.add_parser("bench-serve", help="servers under 1, 2, 4, ... concurrent clients: "
+                                           "edgespec serve and stock llama-server")
+    s.add_argument("--target", required=True)
+    s.add_argument("--clients", default="1,2,4,8")
+    s.add_argument("--servers", default="edgespec,edgespec:none,llama-server,llama-server:ngram-mod",
+                   help="comma-separated: edgespec, edgespec:none, llama-server, "
+                        "llama-server:ngram-simple|ngram-mod|ngram-map-k")
+    s.add_argument("--requests-per-client", type=_positive_int, default=2)
+    s.add_argument("--max-tokens", type=_positive_int, default=64)
+    s.add_argument("--n-ctx", type=_positive_int, default=2048, help="context per sequence")
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--prompts", default=None)
+    s.add_argument("--json", default=None)
+    s.set_defaults(func=_cmd_bench_serve)
+
     s = sub.add_parser("bench", help="tokens/s and acceptance: target-only vs lookup vs heads")
     s.add_argument("--target", required=True)
     s.add_argument("--draft", action="append", default=None,
@@ -394,6 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "with llama.cpp's full LM head in the same run; speedups against it are "
                         "reported too")
     s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
+    s.add_argument("--peers", nargs="+", choices=["llama-server"], default=None,
+                   help="add stock llama.cpp rows: llama-server's plain decoding and its own "
+                        "speculation (ngram-simple, ngram-mod, ngram-map-k) on the same prompts; "
+                        "needs `make llama-tools`")
     s.add_argument("--background-load", type=int, default=0, metavar="N",
                    help="run N CPU-hogging processes during the timed runs (after the warm-up)")
     s.add_argument("--no-memory", action="store_true",

@@ -97,7 +97,7 @@ def machine_info(threads: int) -> dict:
 def bench(target: str, prompts: list[dict], methods: list[Method], max_new_tokens: int = 128,
           threads: int | None = None, temperature: float = 0.0, seed: int = 0, n_ctx: int = 4096,
           device: dict | None = None, baseline: str | None = None, lm_head: str = "auto",
-          memory: bool = True, background_load: int = 0) -> dict:
+          memory: bool = True, background_load: int = 0, peers: tuple[str, ...] = ()) -> dict:
     """`lm_head`: the target engine's (see LlamaTarget). Where it is the low-rank head and the
     run is greedy, the method "target" (the reference for every speedup and for "same output as
     target") decodes the same file with llama.cpp's own full LM head, as plain llama.cpp would,
@@ -106,7 +106,9 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     llama.cpp's full LM head in the same interleaved run; every method then also gets its
     speedup against it. `memory`: measure each configuration's peak RSS in a fresh process.
     `background_load`: that many CPU-hogging processes run from the end of the warm-up to the
-    end of the timed runs (the cost policy must adapt within the run)."""
+    end of the timed runs (the cost policy must adapt within the run). `peers`: ("llama-server",)
+    adds stock llama-server's plain decoding and its own speculation on the same prompt tokens
+    (see `measure.peers`), one round before the interleaved runs and one after."""
     from edgespec.runtime.chat import render_chat
     from edgespec.runtime.decoding import FixedK, Generation
     from edgespec.runtime.drafters import make_drafter
@@ -115,8 +117,19 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     from edgespec.runtime.sampling import SamplingParams
 
     sp = SamplingParams(temperature=temperature, seed=seed)
+    unknown = [p for p in peers if p != "llama-server"]
+    if unknown:
+        raise EdgespecError(f"unknown peer '{unknown[0]}'; choose llama-server")
+    if peers and background_load:
+        raise EdgespecError("--peers and --background-load do not go together: the peers run unloaded")
+    if peers:
+        from edgespec.measure.peers import find_tool
+
+        find_tool("llama-server")  # before anything runs
     lm_head = lm_head_for(lm_head, sp.greedy)
     engine = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head=lm_head)
+    if peers and engine.engine != "llama.cpp":
+        raise EdgespecError("--peers llama-server needs a GGUF target (this one runs on onnxruntime)")
     for m in methods:
         if m.k is None:
             m.k = default_k(engine, sp.greedy)
@@ -142,8 +155,19 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
             pass
         return g
 
-    # warm-up: page the model in, build kernels, fill caches
     warm = engine.tokenize("Warm-up: the quick brown fox jumps over the lazy dog.")
+    server_rounds = []
+
+    def server_round():
+        from edgespec.measure.peers import SERVER_CONFIGS, server_round as one_round
+
+        server_rounds.append(one_round(engine.model_file, prompt_ids(prompts, engine, max_new_tokens, n_ctx),
+                                       list(SERVER_CONFIGS), engine.n_threads, n_ctx, max_new_tokens,
+                                       temperature, seed, warm))
+
+    if peers:
+        server_round()
+    # warm-up: page the model in, build kernels, fill caches
     for m in methods:
         run(m, warm)
     results = {m.name: MethodResult(m) for m in methods}
@@ -155,8 +179,12 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         for h in hogs:
             h.kill()
             h.wait()
+    if peers:
+        server_round()
     report = summarize(results, sp.greedy)
     report["second_turn"] = summarize_turns(turns)
+    if peers:
+        report["peers"] = peer_report(server_rounds, results, sp.greedy)
     report["target"] = {"name": engine.spec.name, **_engine_file(engine, target),
                         "lm_head_type": engine.describe_lm_head(sp.greedy),
                         "fingerprint": engine.spec.tokenizer_fingerprint}
@@ -211,11 +239,11 @@ def summarize_turns(turns: list[dict]) -> dict:
             "per_prompt": turns}
 
 
-def _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, render_chat,
-                turns: list[dict]) -> None:
-    """Every method on every prompt, interleaved (A B C, A B C, ...); then, on the main engine,
-    the prefill of a follow-up turn after its last method's reply (`second_turn`)."""
-    bar = progress(total=len(prompts) * len(methods), desc="bench", unit="run")
+def prompt_ids(prompts: list[dict], engine, max_new_tokens: int, n_ctx: int) -> list[list[int]]:
+    """Each prompt's tokens as every method gets them (chat prompts in the target's template)."""
+    from edgespec.runtime.chat import render_chat
+
+    out = []
     for p in prompts:
         text = p["prompt"]
         if engine.spec.chat_template and isinstance(p.get("messages"), list):
@@ -223,6 +251,41 @@ def _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, r
         ids = engine.tokenize(text)
         if len(ids) + max_new_tokens + 16 > n_ctx:
             raise EdgespecError(f"prompt '{p['prompt'][:30]}...' is too long for n_ctx={n_ctx}")
+        out.append(ids)
+    return out
+
+
+def peer_report(server_rounds: list[dict], results: dict, greedy: bool) -> dict:
+    """Stock llama-server's configurations against its own plain decoding and edgespec's rows;
+    each edgespec method against the fastest stock speculative configuration."""
+    from edgespec.measure.peers import find_tool, llama_version, summarize_server
+
+    target_rows = results["target"].per_prompt
+    configs = summarize_server(server_rounds, target_rows, greedy)
+    spec = {n: c for n, c in configs.items() if n != "none"}
+    best = max(spec, key=lambda n: spec[n]["tokens_per_s"]) if spec else "none"
+    best_rows = [{"tokens": r["tokens"], "decode_s": r["decode_s"]} for r in configs[best]["per_prompt"]]
+    vs_best = {}
+    for name, res in results.items():
+        rows = res.per_prompt
+        # the server's rows pool two rounds: compare speeds per prompt, not totals of tokens
+        ratios = [(r["tokens"] / r["decode_s"]) / (b["tokens"] / b["decode_s"])
+                  for r, b in zip(rows, best_rows) if r["decode_s"] > 0 and b["decode_s"] > 0 and b["tokens"]]
+        a = _agg(rows)["tokens_per_s"]
+        vs_best[name] = {"speedup": round(statistics.median(ratios), 4) if ratios else 0.0,
+                         "speedup_total": round(a / configs[best]["tokens_per_s"], 4)
+                         if configs[best]["tokens_per_s"] else 0.0}
+    return {"llama-server": {"binary": str(find_tool("llama-server")), "llama_cpp_python": llama_version(),
+                             "rounds": len(server_rounds), "configs": configs,
+                             "best_speculative": best, "methods_vs_best": vs_best}}
+
+
+def _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, render_chat,
+                turns: list[dict]) -> None:
+    """Every method on every prompt, interleaved (A B C, A B C, ...); then, on the main engine,
+    the prefill of a follow-up turn after its last method's reply (`second_turn`)."""
+    bar = progress(total=len(prompts) * len(methods), desc="bench", unit="run")
+    for p, ids in zip(prompts, prompt_ids(prompts, engine, max_new_tokens, n_ctx)):
         for m in methods:
             g = run(m, ids)
             s = g.stats
@@ -367,6 +430,22 @@ def format_table(report: dict) -> str:
                      f"{turn['median_prompt_tokens']:.0f} tokens): {turn['median_prefill_reused_ms']:.1f} ms "
                      f"keeping the cache ({turn['median_tokens_reused']:.0f} tokens reused), "
                      f"{turn['median_prefill_fresh_ms']:.1f} ms from scratch")
+    srv = report.get("peers", {}).get("llama-server")
+    if srv:
+        lines.append("")
+        rows = [("stock llama-server", "tok/s", "vs its plain (median/total)",
+                 "vs edgespec target (median/total)", "draft acceptance", "same as its plain")]
+        for name, c in srv["configs"].items():
+            rows.append((name, f"{c['tokens_per_s']:.1f}",
+                         f"{c['speedup_vs_server_plain']:.2f}x/{c['speedup_total_vs_server_plain']:.2f}x",
+                         f"{c['speedup_vs_edgespec_target']:.2f}x/{c['speedup_total_vs_edgespec_target']:.2f}x",
+                         f"{c['draft_acceptance']:.2f}" if c["draft_n"] else "-",
+                         f"{c.get('same_as_server_plain_share', float('nan')):.2f}"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+        lines.append(f"against the fastest stock speculation ({srv['best_speculative']}), median/total: "
+                     + ", ".join(f"{n} {v['speedup']:.2f}x/{v['speedup_total']:.2f}x"
+                                 for n, v in srv["methods_vs_best"].items()))
     lines.append(f"machine: {report['machine']['cpu']}, {report['machine']['threads']} threads")
     return "\n".join(lines)
 

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build stock llama.cpp's llama-server, llama-speculative-simple and llama-bench from the
+# llama.cpp that the pinned llama-cpp-python vendors (the same commit as the Python binding),
+# once, into edgespec's cache: $EDGESPEC_CACHE/llama-tools/<version>/bin (default cache
+# ~/.cache/edgespec), and print that folder. Only the package registry is used (the
+# llama-cpp-python sdist).
+#
+#   scripts/build_llama_tools.sh [PYTHON]      (make llama-tools)
+set -euo pipefail
+
+PY=${1:-.venv/bin/python}
+VERSION=$("$PY" -c "import llama_cpp; print(llama_cpp.__version__)")
+CACHE=${EDGESPEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgespec}
+DEST="$CACHE/llama-tools/$VERSION"
+TOOLS=(llama-server llama-speculative-simple llama-bench)
+
+have_all() { for t in "${TOOLS[@]}"; do [ -x "$DEST/bin/$t" ] || return 1; done; }
+if have_all; then
+    echo "llama.cpp tools $VERSION: already built" >&2
+    echo "$DEST/bin"
+    exit 0
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/edgespec-llama-tools.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+echo "llama.cpp tools $VERSION: fetching the llama-cpp-python sdist" >&2
+"$PY" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$WORK"
+tar xzf "$WORK"/llama_cpp_python-"$VERSION".tar.gz -C "$WORK" --wildcards \
+    "llama_cpp_python-$VERSION/vendor/llama.cpp/*"
+SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
+
+# No web UI assets (they would be downloaded), no TLS, no tests: only what the three tools need.
+cmake -S "$SRC" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+    -DBUILD_SHARED_LIBS=OFF >"$WORK/configure.log" 2>&1 || { tail -30 "$WORK/configure.log" >&2; exit 1; }
+echo "llama.cpp tools $VERSION: building ${TOOLS[*]} (several minutes on 2 cores)" >&2
+cmake --build "$WORK/build" --target "${TOOLS[@]}" -j "$(nproc)" >"$WORK/build.log" 2>&1 \
+    || { tail -40 "$WORK/build.log" >&2; exit 1; }
+
+# Install atomically: a half-copied folder is never taken for a built one.
+mkdir -p "$CACHE/llama-tools"
+STAGE=$(mktemp -d "$CACHE/llama-tools/.staging.XXXXXX")
+mkdir -p "$STAGE/bin"
+for t in "${TOOLS[@]}"; do cp "$WORK/build/bin/$t" "$STAGE/bin/"; done
+cp "$SRC/LICENSE" "$STAGE/LICENSE-llama.cpp"
+rm -rf "$DEST"
+mv "$STAGE" "$DEST"
+echo "llama.cpp tools $VERSION: built" >&2
+echo "$DEST/bin"

@@ -75,6 +75,26 @@ def bench_table(path: Path) -> str:
                      f"after loading the target engine {mem['rss_after_target_mb']:.0f} MB, after the "
                      f"drafters {mem['rss_after_drafters_mb']:.0f} MB "
                      f"(+{100 * mem['drafters_share_of_target']:.0f}%), peak {mem['peak_rss_mb']:.0f} MB.")
+    srv = r.get("peers", {}).get("llama-server")
+    if srv:
+        lines += ["", f"Stock llama-server (llama-cpp-python {srv['llama_cpp_python']}'s llama.cpp, "
+                  f"{srv['rounds']} rounds: one before the interleaved runs, one after) on the same "
+                  "prompt tokens:", "",
+                  "| llama-server | tok/s | vs its plain decoding (median / total) | vs edgespec's "
+                  "target row (median / total) | draft acceptance | drafts per verify step | same "
+                  "text as its plain decoding |", "|---|---|---|---|---|---|---|"]
+        for name, c in srv["configs"].items():
+            steps = c.get("verify_steps_with_drafts", 0)
+            lines.append(f"| {name} | {c['tokens_per_s']:.1f} | {c['speedup_vs_server_plain']:.2f}x / "
+                         f"{c['speedup_total_vs_server_plain']:.2f}x | {c['speedup_vs_edgespec_target']:.2f}x / "
+                         f"{c['speedup_total_vs_edgespec_target']:.2f}x | "
+                         + (f"{c['draft_acceptance']:.2f} | {c['draft_n'] / steps:.1f} | " if c["draft_n"] and steps
+                            else "- | - | ")
+                         + f"{c.get('same_as_server_plain_share', 0):.2f} |")
+        lines += ["", f"Each edgespec row against the fastest stock speculative configuration "
+                  f"(`{srv['best_speculative']}`), median / total: "
+                  + ", ".join(f"{n} {v['speedup']:.2f}x / {v['speedup_total']:.2f}x"
+                              for n, v in srv["methods_vs_best"].items()) + "."]
     turn = r.get("second_turn")
     if turn:
         lines.append("")
@@ -85,6 +105,19 @@ def bench_table(path: Path) -> str:
                      f"{turn['median_prefill_fresh_ms']:.1f} ms from an empty cache "
                      f"(median ratio {turn['median_prefill_speedup']:.1f}x).")
     return "\n".join(lines)
+
+
+def serve_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    st, m0 = r["settings"], r["machine"]
+    rows = [[name, p["clients"], p["requests"], f"{p['total_tok_s']:.1f}", f"{p['ttft_p50_ms']:.0f}",
+             f"{p['ttft_p95_ms']:.0f}", f"{p['request_tok_s_median']:.1f}"]
+            for name, phases in r["servers"].items() for p in phases]
+    return table(f"`{path.relative_to(ROOT)}` (`edgespec bench-serve`): target `{r['target']['file']}`, "
+                 f"greedy, {st['max_tokens']} new tokens per request, {st['requests_per_client']} "
+                 f"requests per client, streamed; {m0['cpu']}, {m0['threads']} threads.",
+                 ["server", "clients", "requests", "total tok/s", "TTFT p50 ms", "TTFT p95 ms",
+                  "request tok/s (median)"], rows)
 
 
 def summary_table(paths: list[Path]) -> str:
@@ -180,6 +213,8 @@ def render() -> str:
         parts.append(onnx_target_table(p))
     for p in benches:
         parts.append(bench_table(p))
+    for p in sorted((ROOT / "results").glob("serve-*.json")):
+        parts.append(serve_table(p))
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):
         r = json.loads(p.read_text())
         parts.append(f"`{p.relative_to(ROOT)}` (offline, held-out features): acceptance by position "

@@ -109,7 +109,6 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     end of the timed runs (the cost policy must adapt within the run). `peers`: ("llama-server",)
     adds stock llama-server's plain decoding and its own speculation on the same prompt tokens
     (see `measure.peers`), one round before the interleaved runs and one after."""
-    from edgespec.runtime.chat import render_chat
     from edgespec.runtime.decoding import FixedK, Generation
     from edgespec.runtime.drafters import make_drafter
     from edgespec.runtime.generate import lm_head_for, open_target
@@ -156,14 +155,14 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         return g
 
     warm = engine.tokenize("Warm-up: the quick brown fox jumps over the lazy dog.")
+    ids = prompt_ids(prompts, engine, max_new_tokens, n_ctx)
     server_rounds = []
 
     def server_round():
         from edgespec.measure.peers import SERVER_CONFIGS, server_round as one_round
 
-        server_rounds.append(one_round(engine.model_file, prompt_ids(prompts, engine, max_new_tokens, n_ctx),
-                                       list(SERVER_CONFIGS), engine.n_threads, n_ctx, max_new_tokens,
-                                       temperature, seed, warm))
+        server_rounds.append(one_round(engine.model_file, ids, list(SERVER_CONFIGS), engine.n_threads,
+                                       n_ctx, max_new_tokens, temperature, seed, warm))
 
     if peers:
         server_round()
@@ -174,7 +173,7 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(background_load)]
     turns: list[dict] = []
     try:
-        _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, render_chat, turns)
+        _timed_runs(prompts, ids, methods, engine, run, results, max_new_tokens, n_ctx, turns)
     finally:
         for h in hogs:
             h.kill()
@@ -258,34 +257,28 @@ def prompt_ids(prompts: list[dict], engine, max_new_tokens: int, n_ctx: int) -> 
 def peer_report(server_rounds: list[dict], results: dict, greedy: bool) -> dict:
     """Stock llama-server's configurations against its own plain decoding and edgespec's rows;
     each edgespec method against the fastest stock speculative configuration."""
-    from edgespec.measure.peers import find_tool, llama_version, summarize_server
+    from edgespec.measure.peers import find_tool, llama_version, speed_ratios, summarize_server
 
     target_rows = results["target"].per_prompt
     configs = summarize_server(server_rounds, target_rows, greedy)
     spec = {n: c for n, c in configs.items() if n != "none"}
     best = max(spec, key=lambda n: spec[n]["tokens_per_s"]) if spec else "none"
-    best_rows = [{"tokens": r["tokens"], "decode_s": r["decode_s"]} for r in configs[best]["per_prompt"]]
     vs_best = {}
     for name, res in results.items():
-        rows = res.per_prompt
-        # the server's rows pool two rounds: compare speeds per prompt, not totals of tokens
-        ratios = [(r["tokens"] / r["decode_s"]) / (b["tokens"] / b["decode_s"])
-                  for r, b in zip(rows, best_rows) if r["decode_s"] > 0 and b["decode_s"] > 0 and b["tokens"]]
-        a = _agg(rows)["tokens_per_s"]
-        vs_best[name] = {"speedup": round(statistics.median(ratios), 4) if ratios else 0.0,
-                         "speedup_total": round(a / configs[best]["tokens_per_s"], 4)
-                         if configs[best]["tokens_per_s"] else 0.0}
+        # the server's rows pool two rounds: speeds are compared, not token totals
+        med, tot = speed_ratios(res.per_prompt, configs[best]["per_prompt"])
+        vs_best[name] = {"speedup": med, "speedup_total": tot}
     return {"llama-server": {"binary": str(find_tool("llama-server")), "llama_cpp_python": llama_version(),
                              "rounds": len(server_rounds), "configs": configs,
                              "best_speculative": best, "methods_vs_best": vs_best}}
 
 
-def _timed_runs(prompts, methods, engine, run, results, max_new_tokens, n_ctx, render_chat,
+def _timed_runs(prompts, ids_per_prompt, methods, engine, run, results, max_new_tokens, n_ctx,
                 turns: list[dict]) -> None:
     """Every method on every prompt, interleaved (A B C, A B C, ...); then, on the main engine,
     the prefill of a follow-up turn after its last method's reply (`second_turn`)."""
     bar = progress(total=len(prompts) * len(methods), desc="bench", unit="run")
-    for p, ids in zip(prompts, prompt_ids(prompts, engine, max_new_tokens, n_ctx)):
+    for p, ids in zip(prompts, ids_per_prompt):
         for m in methods:
             g = run(m, ids)
             s = g.stats

@@ -61,38 +61,23 @@ def find_tool(name: str) -> Path:
     return path
 
 
-def stop_process(proc: subprocess.Popen, log_f, log: Path) -> None:
-    """Stop a server process (terminate, then kill) and remove its log."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    log_f.close()
-    log.unlink(missing_ok=True)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-class LlamaServer:
-    """One `llama-server` process on a free local port; a context manager that stops it."""
+class ServerProcess:
+    """A server process on a local port, its output in a log file, ready once its `/health`
+    answers 200; a context manager that stops it (llama-server, `edgespec serve`)."""
 
-    def __init__(self, model: str | Path, extra: list[str], threads: int, n_ctx: int,
-                 start_timeout: float = 180.0):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.cmd = [str(find_tool("llama-server")), "-m", str(model), "-t", str(threads),
-                    "-tb", str(threads), "-c", str(n_ctx), "-np", "1", "--host", "127.0.0.1",
-                    "--port", str(self.port), "--no-webui", "--metrics", *extra]
-        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"edgespec-llama-server-{self.port}.log"
+    def __init__(self, name: str, cmd: list[str], port: int, env: dict | None = None,
+                 start_timeout: float = 300.0):
+        self.name, self.cmd, self.port = name, cmd, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"edgespec-server-{port}.log"
         self._log_f = open(self.log, "wb")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log_f, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self._log_f, stderr=subprocess.STDOUT, env=env)
         try:
             self._wait_ready(start_timeout)
         except BaseException:
@@ -110,7 +95,7 @@ class LlamaServer:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise EdgespecError(f"llama-server exited with {self.proc.returncode} at start: "
+                raise EdgespecError(f"{self.name} exited with {self.proc.returncode} at start: "
                                     f"{self._tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
@@ -119,7 +104,37 @@ class LlamaServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             time.sleep(0.2)
-        raise EdgespecError(f"llama-server did not become ready in {timeout:.0f} s: {self._tail()}")
+        raise EdgespecError(f"{self.name} did not become ready in {timeout:.0f} s: {self._tail()}")
+
+    def close(self) -> None:
+        """Stop the process (terminate, then kill) and remove its log."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_f.close()
+        self.log.unlink(missing_ok=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LlamaServer(ServerProcess):
+    """Stock `llama-server` on the target file, one slot, on a free local port."""
+
+    def __init__(self, model: str | Path, extra: list[str], threads: int, n_ctx: int,
+                 start_timeout: float = 180.0):
+        port = free_port()
+        super().__init__("llama-server", [
+            str(find_tool("llama-server")), "-m", str(model), "-t", str(threads), "-tb", str(threads),
+            "-c", str(n_ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(port), "--no-webui",
+            "--metrics", *extra], port, start_timeout=start_timeout)
 
     def complete(self, ids: list[int], n_predict: int, temperature: float, seed: int) -> dict:
         """One /completion request on prompt tokens: the server's timings, its tokens and the
@@ -159,15 +174,6 @@ class LlamaServer:
                 out[names[parts[0]]] = int(float(parts[1]))
         return out
 
-    def close(self) -> None:
-        stop_process(self.proc, self._log_f, self.log)
-
-    def __enter__(self) -> "LlamaServer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 def server_round(model: str | Path, prompts: list[list[int]], configs: list[str], threads: int,
                  n_ctx: int, max_new_tokens: int, temperature: float, seed: int,
@@ -192,7 +198,7 @@ def _tps(rows: list[dict]) -> float:
     return sum(r["tokens"] for r in rows) / dec if dec else 0.0
 
 
-def _ratio_stats(rows: list[dict], base: list[dict]) -> tuple[float, float]:
+def speed_ratios(rows: list[dict], base: list[dict]) -> tuple[float, float]:
     """(median of per-prompt speed ratios, total-tokens ratio)."""
     ratios = [(r["tokens"] / r["decode_s"]) / (b["tokens"] / b["decode_s"])
               for r, b in zip(rows, base) if r["decode_s"] > 0 and b["decode_s"] > 0 and r["tokens"] and b["tokens"]]
@@ -218,7 +224,7 @@ def summarize_server(rounds: list[dict[str, dict]], target_rows: list[dict] | No
         pooled[name] = per
     out = {}
     for name, rows in pooled.items():
-        med, tot = _ratio_stats(rows, pooled["none"])
+        med, tot = speed_ratios(rows, pooled["none"])
         cnt = {k: sum(r[name]["counters"][k] for r in rounds) for k in rounds[0][name]["counters"]}
         d = {"tokens_per_s": round(_tps(rows), 3), "speedup_vs_server_plain": med,
              "speedup_total_vs_server_plain": tot,
@@ -229,7 +235,7 @@ def summarize_server(rounds: list[dict[str, dict]], target_rows: list[dict] | No
              "args": SERVER_CONFIGS[name]}
         if target_rows is not None:
             # edgespec's target rows are one round; compare speeds per prompt
-            med_t, tot_t = _ratio_stats(rows, target_rows)
+            med_t, tot_t = speed_ratios(rows, target_rows)
             d["speedup_vs_edgespec_target"], d["speedup_total_vs_edgespec_target"] = med_t, tot_t
         if greedy:
             d["same_as_server_plain_share"] = round(sum(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
+from edgespec.measure.peers import SERVER_CONFIGS, ServerProcess, find_tool, free_port
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -79,39 +79,18 @@ def _llama_parse(ev: dict):
     return text, (int(t["predicted_n"]) if ev.get("stop") and t else None)
 
 
-class _Server:
-    def __init__(self, name: str, cmd: list[str], port: int, url: str, body, parse, env=None):
-        self.name, self.cmd, self.port, self.url, self.body, self.parse = name, cmd, port, url, body, parse
-        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"edgespec-bench-serve-{port}.log"
-        self._f = open(self.log, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._f, stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + 300
-        while True:
-            if self.proc.poll() is not None:
-                raise EdgespecError(f"{name} exited at start: {self.log.read_text(errors='replace')[-300:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                self.close()
-                raise EdgespecError(f"{name} did not become ready")
-            time.sleep(0.3)
+class _Server(ServerProcess):
+    """A started server whose `request(ids, max_tokens)` streams one completion from `path`."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, path: str, body, parse, env=None):
+        self.path, self.body, self.parse = path, body, parse
+        super().__init__(name, cmd, port, env=env)
 
     def request(self, ids: list[int], max_tokens: int) -> dict:
-        return _stream(self.url, self.body(ids, max_tokens), self.parse)
-
-    def close(self) -> None:
-        from edgespec.measure.peers import stop_process
-
-        stop_process(self.proc, self._f, self.log)
+        return _stream(self.url + self.path, self.body(ids, max_tokens), self.parse)
 
 
 def _start(kind: str, target_arg: str, model_file: Path, n_ctx: int, threads: int, slots: int) -> _Server:
-    from edgespec.measure.peers import SERVER_CONFIGS, free_port, find_tool
-
     port = free_port()
     if kind.startswith("edgespec"):
         draft = "none" if kind == "edgespec:none" else "default"
@@ -119,7 +98,7 @@ def _start(kind: str, target_arg: str, model_file: Path, n_ctx: int, threads: in
                "--port", str(port), "--n-ctx", str(n_ctx), "--threads", str(threads),
                "--max-queue", "64"]
         body = lambda ids, n: {"prompt": ids, "max_tokens": n, "temperature": 0.0, "stream": True}  # noqa: E731
-        return _Server(kind, cmd, port, f"http://127.0.0.1:{port}/v1/completions", body, _edgespec_parse,
+        return _Server(kind, cmd, port, "/v1/completions", body, _edgespec_parse,
                        env=dict(os.environ, EDGESPEC_NO_PROGRESS="1"))
     spec = kind.split(":", 1)[1] if ":" in kind else "none"
     cmd = [str(find_tool("llama-server")), "-m", str(model_file), "-t", str(threads), "-tb", str(threads),
@@ -127,7 +106,7 @@ def _start(kind: str, target_arg: str, model_file: Path, n_ctx: int, threads: in
            "--no-webui", *SERVER_CONFIGS[spec]]
     body = lambda ids, n: {"prompt": ids, "n_predict": n, "temperature": 0.0, "samplers": ["temperature"],  # noqa: E731
                            "cache_prompt": False, "stream": True}
-    return _Server(kind, cmd, port, f"http://127.0.0.1:{port}/completion", body, _llama_parse)
+    return _Server(kind, cmd, port, "/completion", body, _llama_parse)
 
 
 def _phase(server: _Server, prompts: list[list[int]], clients: int, per_client: int,

@@ -84,6 +84,8 @@ class Drafter(Protocol):
     needs_hidden: bool  # whether propose() reads the target's hidden states
 
     def reset(self) -> None: ...
+    # drafters that read hidden states also have drop_hidden(): forget the rows kept so far
+    # (the loop skipped some passes' rows)
 
     def propose(self, context: list[int], hidden: np.ndarray | None, k: int,
                 p_min: float = 0.0, limit: Limit | None = None) -> Draft:
@@ -365,9 +367,10 @@ class Generation:
         views valid until the target's next decode."""
         reading = self._read_hidden()
         if self.want_hidden and not reading and self._reading:
-            # a gap: rows from before it must not be read as if they were contiguous with later ones
+            # a gap: rows from before it must not be read as if they were contiguous with later
+            # ones (the head restarts its cache on the rows that follow)
             self._fresh_hidden = []
-            self.drafter.reset()
+            self.drafter.drop_hidden()
         self._reading = reading
         if reading:
             self.stats.hidden_passes += 1

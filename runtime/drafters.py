@@ -116,6 +116,11 @@ class HeadDrafter:
         self.head.reset()
         self.pending = []
 
+    def drop_hidden(self) -> None:
+        """Forget the rows kept so far: the next draft restarts the head's cache on the rows
+        that arrive after (they are not contiguous with these)."""
+        self.pending = []
+
     def keep(self, hidden: np.ndarray | None) -> None:
         """Hidden rows for later: the head reads them, in one batch, when it next drafts."""
         if hidden is not None and len(hidden):
@@ -192,6 +197,9 @@ class MixedDrafter:
 
     def set_sampling(self, temperature: float | None, seed: int | None = None) -> None:
         self.head.set_sampling(temperature, seed)
+
+    def drop_hidden(self) -> None:
+        self.head.drop_hidden()
 
     def propose(self, context: list[int], hidden, k: int, p_min: float = 0.0,
                 limit: Limit | None = None) -> Draft:

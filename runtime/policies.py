@@ -312,11 +312,10 @@ class CostAware(FixedK):
     def soon(self, source: str, passes: int) -> bool:
         # a source held short drafts again at its next try, no sooner than the passes it still
         # waits (its wait counts only the passes it is asked in)
-        if self.k <= 0:
-            return False
-        best, reach = self._best(self._acc(source)), self._reach()
-        if best > 0 or best >= reach:
-            return best > 0
+        if self.k <= 0 or self._best(self._acc(source)) > 0:
+            return self.k > 0  # no drafting at all, or the source drafts now
+        if self._reach() == 0:
+            return False  # no draft could pay: never tried
         return self._every.get(source, self.probe_every) - self._wait.get(source, 0) <= passes
 
     def limit(self, source: str) -> int:

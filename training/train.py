@@ -153,14 +153,12 @@ def loss_counts(toks, valid, cfg: TrainConfig, t2d=None) -> torch.Tensor:
     return torch.stack(out).double()
 
 
-def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d=None, counts=None):
-    """Weighted KL over unrolled steps; returns (loss, per-step top-1 agreements). `counts`:
-    the positions each mean is over (`loss_counts` summed over the ranks; by default this
-    batch's own), so with several ranks the loss is this rank's part of the global mean and
-    the agreements are sums (divide by the KL counts once summed over the ranks)."""
+def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d, counts):
+    """Weighted KL over unrolled steps; returns (loss, per-step top-1 agreement counts).
+    `counts`: the positions each mean is over (`loss_counts`, summed over the ranks), so with
+    several ranks the loss is this rank's part of the global mean; the agreements are sums
+    (divided by the KL counts once summed over the ranks)."""
     n, T = cfg.n_steps, hid.shape[1] - cfg.n_steps
-    own = counts is None
-    counts = loss_counts(toks, valid, cfg, t2d) if own else counts
     per = 2 if cfg.ce_weight and t2d is not None else 1
     outs = head.forward_chain(emb[:, 1:], hid[:, :T], n, valid=valid[:, :T])
     total, accs = 0.0, []
@@ -184,7 +182,7 @@ def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d=None,
         total = total + (cfg.step_decay ** j) * loss_j / wsum
         with torch.no_grad():
             agree = float(((q_log.argmax(-1) == p_logits.argmax(-1)).float() * m).sum())
-            accs.append(agree / float(max(counts[per * j], 1)) if own else agree)
+            accs.append(agree)
     return total, accs
 
 

@@ -63,11 +63,14 @@ def _cmd_data(args) -> int:
 
 
 def _cmd_extract(args) -> int:
+    from edgespec.targets import load_target_spec
+    from edgespec.training.eagle3 import parse_layers
     from edgespec.training.features import ExtractConfig, extract
 
+    layers = parse_layers(args.layers, load_target_spec(args.target).n_layer) if args.layers else ()
     m = extract(args.target, args.data, args.out,
                 ExtractConfig(dtype=args.dtype, group_size=args.group_size, transform=args.transform,
-                              shard_samples=args.shard_samples))
+                              shard_samples=args.shard_samples, layers=layers))
     print(json.dumps({k: m[k] for k in ("tokens", "dtype", "group_size", "bytes",
                                         "bytes_per_token", "tokens_per_s")}))
     return 0
@@ -79,14 +82,21 @@ def _cmd_train(args) -> int:
 
     cfg = TrainConfig(optimizer=args.optimizer, steps=args.steps, batch=args.batch,
                       n_steps=args.unroll, draft_vocab=args.draft_vocab, lr=args.lr,
-                      seed=args.seed, threads=args.threads or 0, save_every=args.save_every)
+                      seed=args.seed, threads=args.threads or 0, save_every=args.save_every,
+                      arch=args.arch)
     overrides = {}
     if args.layer_types:
         overrides["layer_types"] = args.layer_types.split(",")
     if args.seq_len:
         cfg.seq_len = args.seq_len
+    layers = ()
+    if args.online and args.arch == "eagle3":
+        from edgespec.targets import load_target_spec
+        from edgespec.training.eagle3 import parse_layers
+
+        layers = parse_layers(args.layers or "eagle3", load_target_spec(args.target).n_layer)
     features = features_source(args.target, args.features, args.data if args.online else None,
-                               online=args.online, cache_mb=args.online_cache_mb)
+                               online=args.online, cache_mb=args.online_cache_mb, layers=layers)
     meta = train(args.target, features, args.out, cfg, resume=args.resume,
                  head_overrides=overrides, log=lambda m: print(m, file=sys.stderr))
     if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports
@@ -292,6 +302,10 @@ def _cmd_export(args) -> int:
 
         r = export_lowrank_basis(args.source, args.out, rank=args.rank, check=not args.no_check,
                                  threads=args.threads, log=lambda m: print(m, file=sys.stderr))
+    elif args.kind == "llama-cpp":
+        from edgespec.exporters.eagle3_gguf import write_eagle3_gguf
+
+        r = write_eagle3_gguf(args.source, args.out, quant=args.quant or "q8_0")
     elif args.kind in ("gguf", "onnx"):
         from edgespec.exporters.check import check_head_export
 
@@ -451,12 +465,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the peak-memory measurement (a fresh process per configuration)")
     s.set_defaults(func=_cmd_bench)
 
-    s = sub.add_parser("export", help="export a head (gguf, onnx), a verify-friendly target (target, "
+    s = sub.add_parser("export", help="export a head (gguf, onnx; an EAGLE-3 head for stock "
+                       "llama.cpp: llama-cpp), a verify-friendly target (target, "
                        "onnx-target) or a low-rank LM head basis (lowrank-basis)")
-    s.add_argument("kind", choices=["gguf", "onnx", "target", "onnx-target", "lowrank-basis"])
+    s.add_argument("kind", choices=["gguf", "onnx", "llama-cpp", "target", "onnx-target",
+                                    "lowrank-basis"])
     s.add_argument("source", help="head checkpoint folder, or a target for `target`")
     s.add_argument("--out", required=True)
-    s.add_argument("--quant", default=None, help="gguf: f16, q8_0 (default), q4_0; onnx, onnx-target: fp32, int8 (default), int4")
+    s.add_argument("--quant", default=None, help="gguf: f16, q8_0 (default), q4_0; llama-cpp: f16, "
+                   "q8_0 (default); onnx, onnx-target: fp32, int8 (default), int4")
     s.add_argument("--head-type", default="Q4_0", help="target: LM head tensor type")
     s.add_argument("--mode", default="untie", choices=["untie", "requantize"],
                    help="target: add a separate LM head (default) or re-quantize the tied one")
@@ -516,9 +533,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int8/int4: channel scales + DCT before quantizing (default dct)")
     s.add_argument("--shard-samples", type=_positive_int, default=100,
                    help="samples per shard file (a killed run resumes after the last one)")
+    s.add_argument("--layers", default=None,
+                   help="also store these layers' inputs, for --arch eagle3 heads: A,B,C or "
+                        "'eagle3' (layers 2, n/2 and n-3)")
     s.set_defaults(func=_cmd_extract)
 
-    s = sub.add_parser("train", help="train an MTP draft head on stored hidden states")
+    s = sub.add_parser("train", help="train a draft head (MTP or EAGLE-3) on stored hidden states")
     s.add_argument("--target", required=True)
     s.add_argument("--features", default=None, help="hidden states stored by `edgespec extract`")
     s.add_argument("--online", action="store_true",
@@ -534,7 +554,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seq-len", type=_positive_int, default=None, help="positions per training window (96)")
     s.add_argument("--draft-vocab", type=_positive_int, default=4096)
     s.add_argument("--lr", type=float, default=2e-3)
-    s.add_argument("--layer-types", default=None, help="e.g. sliding,global")
+    s.add_argument("--layer-types", default=None, help="mtp: e.g. sliding,global")
+    s.add_argument("--arch", default="mtp", choices=["mtp", "eagle3"],
+                   help="mtp: edgespec's head (default); eagle3: llama.cpp's EAGLE-3 graph, on "
+                        "features extracted with --layers (export it with `export llama-cpp`)")
+    s.add_argument("--layers", default=None,
+                   help="--online --arch eagle3: the target layers read (default 'eagle3')")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--save-every", type=_positive_int, default=250,

@@ -22,6 +22,21 @@ from edgespec.errors import EdgespecError, one_line
 # -- the head's hyperparameters ---------------------------------------------------------------
 
 
+def _config_from(cls, d: dict, what: str, counts: tuple[str, ...]):
+    """A config dataclass from a file's dict: unknown keys ignored, a missing required key or a
+    count out of range a clear error."""
+    names = {f.name for f in fields(cls)}
+    try:
+        c = cls(**{k: v for k, v in d.items() if k in names})
+    except TypeError as e:
+        raise EdgespecError(f"{what} is incomplete ({e})") from None
+    for name in counts:
+        v = getattr(c, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < 1 << 24:
+            raise EdgespecError(f"{what} has an invalid {name} ({v!r})")
+    return c
+
+
 @dataclass
 class HeadConfig:
     n_embd: int  # the target's hidden width (inputs and outputs live in its space)
@@ -44,15 +59,8 @@ class HeadConfig:
         is a clear error (the dict comes from a file)."""
         if not isinstance(d, dict):
             raise EdgespecError(f"head config is not a mapping ({type(d).__name__})")
-        names = {f.name for f in fields(cls)}
-        try:
-            c = cls(**{k: v for k, v in d.items() if k in names})
-        except TypeError as e:
-            raise EdgespecError(f"head config is incomplete ({e})") from None
-        for name in ("n_embd", "n_draft_vocab", "n_head", "n_head_kv", "head_dim", "n_ff", "sliding_window"):
-            v = getattr(c, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < 1 << 24:
-                raise EdgespecError(f"head config has an invalid {name} ({v!r})")
+        c = _config_from(cls, d, "head config", ("n_embd", "n_draft_vocab", "n_head", "n_head_kv",
+                                                 "head_dim", "n_ff", "sliding_window"))
         for name in ("rope_base_local", "rope_base_global", "rms_eps", "embed_scale", "attn_scale"):
             v = getattr(c, name)
             if v is None and name == "attn_scale":
@@ -76,6 +84,51 @@ class HeadConfig:
     @property
     def scale(self) -> float:
         return self.attn_scale or 1.0 / float(np.sqrt(self.head_dim))
+
+
+@dataclass
+class Eagle3Config:
+    """An EAGLE-3 head, the graph llama.cpp's `eagle3` architecture runs: `fc` fuses the inputs
+    of three target layers (optionally RMS-normed first) into one width-E vector g; one Llama
+    decoder layer reads [norm(token embedding), norm(g)] (2E wide) at each position, SwiGLU FFN,
+    residual from g; its pre-norm output is the next step's g; output norm, LM head over the
+    draft vocabulary (mapped to target ids by `d2t`). Token embeddings are the target's."""
+
+    n_embd: int  # the target's hidden width (llama.cpp reads the target's token embeddings)
+    n_draft_vocab: int
+    target_layers: list[int]  # the three target layers whose inputs are the features
+    n_head: int = 8
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_ff: int = 1536
+    rope_base: float = 10000.0
+    rms_eps: float = 1e-5
+    norm_before_fc: bool = True  # RMSNorm over the 3E features before fc (llama.cpp: norm_before_fc)
+    context_length: int = 8192
+    arch: str = "eagle3"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Eagle3Config":
+        if not isinstance(d, dict) or d.get("arch") != "eagle3":
+            raise EdgespecError("not an EAGLE-3 head config")
+        c = _config_from(cls, d, "EAGLE-3 head config", ("n_embd", "n_draft_vocab", "n_head",
+                                                         "n_head_kv", "head_dim", "n_ff", "context_length"))
+        if (not isinstance(c.target_layers, list) or len(c.target_layers) != 3
+                or any(isinstance(i, bool) or not isinstance(i, int) or i < 1 for i in c.target_layers)):
+            raise EdgespecError(f"EAGLE-3 head config: target_layers must be 3 layer ids >= 1 "
+                                f"({c.target_layers!r})")
+        if c.n_head % c.n_head_kv:
+            raise EdgespecError(f"EAGLE-3 head config: {c.n_head} heads do not share "
+                                f"{c.n_head_kv} KV heads evenly")
+        return c
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def head_arch(head_config: dict) -> str:
+    """"eagle3" or "mtp" (edgespec's own head) for a checkpoint's `head` entry."""
+    return "eagle3" if isinstance(head_config, dict) and head_config.get("arch") == "eagle3" else "mtp"
 
 
 # Sliding-window KV caches (the head's own, the ONNX target's) keep the window plus this many
@@ -183,6 +236,9 @@ def read_checkpoint(ckpt: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
 
 def read_checkpoint_head(ckpt: str | Path) -> HeadFile:
     meta, w = read_checkpoint(ckpt)
+    if head_arch(meta["head"]) == "eagle3":
+        raise EdgespecError(f"{ckpt} is an EAGLE-3 head: export it for llama.cpp with "
+                            "`edgespec export llama-cpp`")
     ids = w.pop(DRAFT_IDS).astype(np.int64)
     config = HeadConfig.from_dict(meta["head"])
     check_head_weights(ckpt, config, w, ids)

@@ -151,6 +151,7 @@ class LlamaTarget(LlamaVocab):
         self._vocab = lc.llama_model_get_vocab(self._model)
         self.n_vocab = lc.llama_vocab_n_tokens(self._vocab)
         self.n_embd = lc.llama_model_n_embd(self._model)
+        self.n_layer = lc.llama_model_n_layer(self._model)
         self.n_threads = n_threads or default_threads()
         self.n_ctx = n_ctx
         self.n_batch = n_batch
@@ -164,7 +165,7 @@ class LlamaTarget(LlamaVocab):
         cparams.embeddings = False
         cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
         cparams.swa_full = swa_full
-        self._grab, self._grabbed, self._cb = False, [], None
+        self._grab, self._grabbed, self._cb, self._grab_layers = False, [], None, set()
         if probe or basis is not None:
             self._install_probe(cparams)
         self._ctx = lc.llama_init_from_model(self._model, cparams)
@@ -211,48 +212,74 @@ class LlamaTarget(LlamaVocab):
 
     def _install_probe(self, cparams) -> None:
         """An eval callback that, while `_grab` is set, copies the final hidden states (the
-        tensor "result_norm") and stops the graph there: what follows is the LM head."""
-        lib, grabbed = _ggml(), self._grabbed
+        tensor "result_norm") and stops the graph there: what follows is the LM head. Tensors
+        named in `_grab_layers` (the residual stream "l_out-i" entering layer i + 1) are copied
+        on the way."""
+        lib, grabbed, layers = _ggml(), self._grabbed, self._grab_layers
 
         def cb(t, ask, _user):
             if not self._grab:
                 return False
+            name = lib.ggml_get_name(t)
             if ask:
-                return lib.ggml_get_name(t) == b"result_norm"
+                return name == b"result_norm" or name in layers
             out = np.empty(lib.ggml_nbytes(t) // 4, np.float32)
             lib.ggml_backend_tensor_get(t, out.ctypes.data, 0, out.nbytes)
-            grabbed.append(out)
-            return False
+            grabbed.append((name, out))
+            return name != b"result_norm"
 
         self._cb = lc.ggml_backend_sched_eval_callback(cb)  # kept alive with the context
         cparams.cb_eval = self._cb
 
-    def _decode_grab(self, tokens: list[int], outputs: list[bool]) -> np.ndarray:
-        """Decode without the LM head; the hidden states of the output rows [n_out, n_embd]."""
+    def _decode_grab(self, tokens: list[int], outputs: list[bool], layers: tuple[int, ...] = ()):
+        """Decode without the LM head; the hidden states of the output rows [n_out, n_embd], or
+        with `layers` [n_out, n_embd * (1 + len(layers))]: the final hidden state, then the
+        input of each listed layer (every row is an output then)."""
         if self._cb is None:
             raise RuntimeError("this engine was opened without the hidden-state probe")
         self._set_embeddings(False)
+        names = [b"l_out-%d" % (i - 1) for i in layers]
+        self._grab_layers.clear()
+        self._grab_layers.update(names)
         self._grabbed.clear()
         self._grab = True
         try:
             self._decode_chunk(tokens, outputs)
         finally:
             self._grab = False
-        rows = np.concatenate(self._grabbed) if self._grabbed else np.empty(0, np.float32)
+            self._grab_layers.clear()
+        got: dict[bytes, list[np.ndarray]] = {}
+        for name, rows in self._grabbed:
+            got.setdefault(name, []).append(rows)
         self._grabbed.clear()
-        if rows.size != sum(outputs) * self.n_embd:
-            raise RuntimeError(f"hidden-state probe read {rows.size} values for {sum(outputs)} rows")
-        return rows.reshape(-1, self.n_embd)
+        n_out = sum(outputs)
+        parts = []
+        for name in [b"result_norm", *names]:
+            rows = np.concatenate(got.get(name, [np.empty(0, np.float32)]))
+            if rows.size != n_out * self.n_embd:
+                raise RuntimeError(f"hidden-state probe read {rows.size} values of "
+                                   f"{name.decode()} for {n_out} rows")
+            parts.append(rows.reshape(-1, self.n_embd))
+        return parts[0] if not layers else np.concatenate(parts, axis=1)
 
-    def hidden_states(self, tokens: list[int]) -> np.ndarray:
+    def hidden_states(self, tokens: list[int], layers: tuple[int, ...] = ()) -> np.ndarray:
         """Decode tokens into the cache; their final hidden states [n, n_embd]. With the probe
-        no logits are computed; without it embeddings mode computes them too."""
+        no logits are computed; without it embeddings mode computes them too. `layers` (probe
+        only): also the input of each of these layers (1 .. n_layer - 1), concatenated after
+        the final hidden state: [n, n_embd * (1 + len(layers))]."""
+        if layers and self._cb is None:
+            raise RuntimeError("layer inputs need the hidden-state probe (probe=True)")
+        bad = [i for i in layers if not 1 <= i < self.n_layer]
+        if bad:
+            raise EdgespecError(f"layer {bad[0]} is not a layer input this target has "
+                                f"(choose from 1 to {self.n_layer - 1})")
         out = []
         for s in range(0, len(tokens), self.n_batch):
             chunk = tokens[s:s + self.n_batch]
-            out.append(self._decode_grab(chunk, [True] * len(chunk)) if self._cb is not None
-                       else self.decode(chunk, hidden=True)[1])
-        return np.concatenate(out) if out else np.empty((0, self.n_embd), np.float32)
+            out.append(self._decode_grab(chunk, [True] * len(chunk), tuple(layers))
+                       if self._cb is not None else self.decode(chunk, hidden=True)[1])
+        width = self.n_embd * (1 + len(layers))
+        return np.concatenate(out) if out else np.empty((0, width), np.float32)
 
     # -- decoding ---------------------------------------------------------------------------
     def _set_embeddings(self, on: bool) -> None:

@@ -123,13 +123,15 @@ class ExtractConfig:
     shard_samples: int = 100
     n_batch: int = 64  # tokens per decode, every one's hidden state read
     transform: str = "dct"  # int8/int4: channel scales + DCT before quantizing ("none": off)
+    layers: tuple[int, ...] = ()  # also store these layers' inputs (EAGLE-3 features)
 
 
-def sample_hidden(engine, tokens: list[int]) -> np.ndarray:
+def sample_hidden(engine, tokens: list[int], layers: tuple[int, ...] = ()) -> np.ndarray:
     """The target's final hidden state at every position of `tokens`: [T, E] float32 (read
-    before the LM head where the engine can: llama.cpp's logits are then never computed)."""
+    before the LM head where the engine can: llama.cpp's logits are then never computed).
+    With `layers`, each listed layer's input follows it: [T, E * (1 + len(layers))]."""
     engine.reset()
-    return engine.hidden_states(tokens)
+    return engine.hidden_states(tokens, layers=tuple(layers)) if layers else engine.hidden_states(tokens)
 
 
 def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None = None,
@@ -161,15 +163,17 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
         raise EdgespecError(f"{out}: cannot create output folder ({e.strerror})") from None
     man_path = out / "manifest.json"
     kind = "none" if cfg.dtype == "fp16" else cfg.transform
-    settings = {"dtype": cfg.dtype, "group_size": cfg.group_size, "shard_samples": cfg.shard_samples}
+    settings = {"dtype": cfg.dtype, "group_size": cfg.group_size, "shard_samples": cfg.shard_samples,
+                "layers": [int(i) for i in cfg.layers]}
     manifest = read_json(man_path) if man_path.exists() else None
     if manifest and (manifest["target_fingerprint"] != spec.tokenizer_fingerprint
-                     or {k: manifest[k] for k in settings} != settings
+                     or {k: manifest.get(k, []) for k in settings} != settings
                      or _transform_kind(manifest) != kind):
         raise EdgespecError(f"{out} holds features made with other settings or another target; "
                             "use a new --out folder")
     manifest = manifest or {"target": spec.name, "target_fingerprint": spec.tokenizer_fingerprint,
                             "n_embd": spec.n_embd, "n_vocab": spec.n_vocab, **settings,
+                            "width": spec.n_embd * (1 + len(cfg.layers)),
                             "data": str(data), "shards": [], "complete": False,
                             "transform": {"kind": kind} if kind == "none" else None}
     codec = Codec(cfg.dtype, cfg.group_size, manifest["transform"])
@@ -182,7 +186,7 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
         chunk = samples[s0:s0 + cfg.shard_samples]
         toks, seqs, hid = [], [], []
         for s in chunk:
-            hid.append(sample_hidden(engine, s["tokens"]))
+            hid.append(sample_hidden(engine, s["tokens"], cfg.layers))
             toks.extend(s["tokens"])
             seqs.extend([s["index"]] * len(s["tokens"]))
             bar.update(len(s["tokens"]))
@@ -243,6 +247,11 @@ class _Samples:
     def sample_ids(self) -> list[int]:
         return list(self._ids)
 
+    @property
+    def width(self) -> int:
+        """Floats per stored vector: the final hidden state, then any layer inputs."""
+        return self.n_embd * (1 + len(getattr(self, "layers", ())))
+
 
 def open_features(features) -> "_Samples":
     """A features folder path, or an already open `Features`/`OnlineFeatures`."""
@@ -250,7 +259,8 @@ def open_features(features) -> "_Samples":
 
 
 def features_source(target, features: str | Path | None, data: str | Path | None,
-                    online: bool = False, cache_mb: int = 1024) -> "_Samples | str | Path":
+                    online: bool = False, cache_mb: int = 1024,
+                    layers: tuple[int, ...] = ()) -> "_Samples | str | Path":
     """What `train` reads: a features folder, or with `online` the target run over a data
     folder (`OnlineFeatures`). Exactly one of the two must be given."""
     if bool(features) == bool(online):
@@ -259,7 +269,7 @@ def features_source(target, features: str | Path | None, data: str | Path | None
         return features
     if not data:
         raise EdgespecError("--online needs --data DIR (the output of `edgespec data`)")
-    return OnlineFeatures(target, data, cache_mb=cache_mb)
+    return OnlineFeatures(target, data, cache_mb=cache_mb, layers=layers)
 
 
 def check_manifest(path: Path, m: dict) -> None:
@@ -275,6 +285,12 @@ def check_manifest(path: Path, m: dict) -> None:
     e, g = m.get("n_embd"), m.get("group_size")
     if not count(e) or not e or not count(g) or not g or (m["dtype"] != "fp16" and e % g):
         raise bad(f"n_embd {e!r}, group_size {g!r}")
+    layers = m.get("layers", [])
+    if not (isinstance(layers, list) and all(count(i) for i in layers)):
+        raise bad(f"layers {layers!r}")
+    if m.get("width", e) != e * (1 + len(layers)):
+        raise bad(f"width {m.get('width')!r}")
+    e = e * (1 + len(layers))  # the stored vector: final hidden state, then each layer input
     if not isinstance(m.get("target_fingerprint"), str):
         raise bad("target fingerprint")
     t = m.get("transform")
@@ -310,6 +326,7 @@ class Features(_Samples):
         self.dtype, self.group = m["dtype"], m["group_size"]
         self.codec = Codec(self.dtype, self.group, m.get("transform"))
         self.fingerprint, self.n_embd = m["target_fingerprint"], m["n_embd"]
+        self.layers = tuple(m.get("layers", []))
         self.tokens: list[np.ndarray] = []  # per sample
         self._where: list[tuple[int, int, int]] = []  # (shard, start, end) per sample
         self._ids = []
@@ -336,7 +353,8 @@ class Features(_Samples):
             raise EdgespecError(f"{folder}: no samples")
 
     def hidden(self, i: int) -> np.ndarray:
-        """Hidden states of sample i: [T, E] float32 (dequantized)."""
+        """Hidden states of sample i: [T, E] float32 (dequantized); with layer inputs stored,
+        [T, E * (1 + len(layers))] (final hidden state first)."""
         shard, a, b = self._where[i]
         f = self._shards[shard]
         return self.codec.decode({n: f.get_slice(n)[a:b] for n in self.codec.names()})
@@ -352,7 +370,8 @@ class OnlineFeatures(_Samples):
 
     dtype = "online"
 
-    def __init__(self, target, data: str | Path, cache_mb: int = 1024, n_batch: int = 64, engine=None):
+    def __init__(self, target, data: str | Path, cache_mb: int = 1024, n_batch: int = 64, engine=None,
+                 layers: tuple[int, ...] = ()):
         from collections import OrderedDict
 
         from edgespec.training.data import read_data
@@ -367,6 +386,7 @@ class OnlineFeatures(_Samples):
             raise EdgespecError(f"{data} was made by another target (tokenizer fingerprint "
                                 f"{data_manifest['target_fingerprint']} != {spec.tokenizer_fingerprint})")
         self.fingerprint, self.n_embd = spec.tokenizer_fingerprint, spec.n_embd
+        self.layers = tuple(layers)
         self.tokens = [np.asarray(s["tokens"], dtype=np.int32) for s in samples]
         self._ids = [int(s["index"]) for s in samples]
         self.manifest = {"target": spec.name, "target_fingerprint": self.fingerprint, "data": str(data),
@@ -381,7 +401,7 @@ class OnlineFeatures(_Samples):
             self._cache.move_to_end(i)
             return self._cache[i].astype(np.float32)
         t0 = time.perf_counter()
-        h = sample_hidden(self.engine, [int(x) for x in self.tokens[i]])
+        h = sample_hidden(self.engine, [int(x) for x in self.tokens[i]], self.layers)
         self.target_seconds += time.perf_counter() - t0
         self.target_tokens += len(h)
         if h.nbytes // 2 <= self._budget:

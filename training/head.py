@@ -55,6 +55,25 @@ def rope(x, pos, base: float):
     return apply_rope(x, *rope_tables(pos, x.shape[-1], base))
 
 
+def attend_chain(q, rk, rv, mask, chain, scale: float):
+    """Training-time test attention: step-j queries q [B, T, H, D] over the real keys rk/rv
+    [B, Tk, Hkv, D] (mask [B, T, Tk]) and over their own chain's earlier steps (and this one):
+    `chain` is a list of (k, v) [B, T, Hkv, D], one per step so far. -> [B, T, H*D]."""
+    b, t, nh, d = q.shape
+    rep = nh // rk.shape[2]
+    rk, rv = rk.repeat_interleave(rep, 2), rv.repeat_interleave(rep, 2)
+    s_real = torch.einsum("bqhd,bkhd->bhqk", q, rk) * scale
+    s_real = s_real.masked_fill(~mask[:, None], float("-inf"))
+    ck = torch.stack([k.repeat_interleave(rep, 2) for k, _ in chain], -2)  # [B, T, H, J, D]
+    cv = torch.stack([v.repeat_interleave(rep, 2) for _, v in chain], -2)
+    s_diag = torch.einsum("bqhd,bqhjd->bhqj", q, ck) * scale
+    p = torch.softmax(torch.cat([s_real, s_diag], -1).float(), -1).type_as(q)
+    n_real = s_real.shape[-1]
+    o = torch.einsum("bhqk,bkhd->bqhd", p[..., :n_real], rv)
+    o = o + torch.einsum("bhqj,bqhjd->bqhd", p[..., n_real:], cv)
+    return o.reshape(b, t, nh * d)
+
+
 class Block(nn.Module):
     def __init__(self, c: HeadConfig, layer_type: str):
         super().__init__()
@@ -129,6 +148,10 @@ class MTPHead(nn.Module):
     def logits(self, out):
         return out @ self.lm_head.T
 
+    def teacher_logits(self, hidden):
+        """The target's logits over the draft vocabulary from its stored hidden states."""
+        return hidden @ self.lm_head.T
+
     def _window_mask(self, block: Block, qpos, kpos):
         m = kpos[:, None, :] <= qpos[:, :, None]
         if block.sliding:
@@ -167,27 +190,11 @@ class MTPHead(nn.Module):
                 mask = self._window_mask(blk, qpos, pos) & (pos[:, None, :] <= pos[:, :, None])
                 if valid is not None:
                     mask = mask & valid[:, None, :]
-                attn = self._attend_chain(blk, q, rk, rv, mask, chain_kv[li])
+                attn = attend_chain(q, rk, rv, mask, chain_kv[li], blk.scale)
                 x = blk.finish(x, attn)
             out = self.out_norm(x)
             outs.append(out)
         return outs
-
-    def _attend_chain(self, blk: Block, q, rk, rv, mask, chain):
-        """Attention of step-j queries over real keys (masked) and the chain's own steps."""
-        b, t, nh, d = q.shape
-        rep = nh // rk.shape[2]
-        rk, rv = rk.repeat_interleave(rep, 2), rv.repeat_interleave(rep, 2)
-        s_real = torch.einsum("bqhd,bkhd->bhqk", q, rk) * blk.scale
-        s_real = s_real.masked_fill(~mask[:, None], float("-inf"))
-        ck = torch.stack([k.repeat_interleave(rep, 2) for k, _ in chain], -2)  # [B, T, H, J, D]
-        cv = torch.stack([v.repeat_interleave(rep, 2) for _, v in chain], -2)
-        s_diag = torch.einsum("bqhd,bqhjd->bhqj", q, ck) * blk.scale
-        p = torch.softmax(torch.cat([s_real, s_diag], -1).float(), -1).type_as(q)
-        n_real = s_real.shape[-1]
-        o = torch.einsum("bhqk,bkhd->bqhd", p[..., :n_real], rv)
-        o = o + torch.einsum("bhqj,bqhjd->bqhd", p[..., n_real:], cv)
-        return o.reshape(b, t, nh * d)
 
     def step(self, tok_emb, hidden, cache: list, pos: int):
         """Run time: one new pair at position `pos` against `cache` (list of (k, v) per layer,

@@ -25,10 +25,11 @@ from edgespec.errors import EdgespecError
 from edgespec.gguf_meta import TensorRows
 from edgespec.io import atomic_write, atomic_write_text, progress
 from edgespec.runtime.formats import (CKPT_CONFIG, CKPT_META_CONFIG, CKPT_STATE, CKPT_WEIGHTS, DRAFT_IDS,
-                                       HeadConfig, read_checkpoint_config)
+                                       Eagle3Config, HeadConfig, head_arch, read_checkpoint_config)
 from edgespec.targets import KNOWN_TARGETS, TargetSpec, embedding_rows, load_target_spec
 from edgespec.training.distributed import World, lost_peer
 from edgespec.training.features import Features, open_features
+from edgespec.training.eagle3 import Eagle3Head
 from edgespec.training.head import MTPHead
 
 EVAL_EVERY = 20  # every 20th sample (by index) is held out
@@ -56,6 +57,7 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 250
     threads: int = 0  # 0: torch's default
+    arch: str = "mtp"  # "mtp" (edgespec's head) or "eagle3" (llama.cpp's EAGLE-3 graph)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -128,7 +130,7 @@ class Batcher:
         c = self.cfg
         length = c.seq_len + c.n_steps  # positions that carry a hidden state or a token
         toks = np.zeros((len(samples), length), dtype=np.int64)
-        hid = np.zeros((len(samples), length, self.f.n_embd), dtype=np.float32)
+        hid = np.zeros((len(samples), length, self.f.width), dtype=np.float32)
         valid = np.zeros((len(samples), length), dtype=bool)
         for b, i in enumerate(samples):
             t, h = self.window(i, length, starts[b])
@@ -164,7 +166,7 @@ def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d, coun
     total, accs = 0.0, []
     wsum = sum(cfg.step_decay ** j for j in range(n))
     with torch.no_grad():  # the target's distribution at every position, once for all steps
-        p_all_logits = head.logits(hid[:, 1:])
+        p_all_logits = head.teacher_logits(hid[:, 1:])
         p_all = torch.softmax(p_all_logits, -1)
         logp_all = torch.log(p_all.clamp_min(1e-12))
     for j, out in enumerate(outs):  # step j+1 at chain start t predicts x_{t+j+2}
@@ -215,7 +217,7 @@ def save_checkpoint(folder: Path, head: MTPHead, meta: dict) -> None:
     atomic_write_text(folder / CKPT_CONFIG, text)
 
 
-def load_checkpoint(folder: str | Path) -> tuple[MTPHead, dict]:
+def load_checkpoint(folder: str | Path) -> tuple[MTPHead | Eagle3Head, dict]:
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -224,7 +226,8 @@ def load_checkpoint(folder: str | Path) -> tuple[MTPHead, dict]:
         state = load_file(str(folder / CKPT_WEIGHTS))
     except Exception as e:
         raise EdgespecError(f"{folder / CKPT_WEIGHTS}: unreadable ({e})") from None
-    head = MTPHead(HeadConfig.from_dict(meta["head"]))
+    head = (Eagle3Head(Eagle3Config.from_dict(meta["head"])) if head_arch(meta["head"]) == "eagle3"
+            else MTPHead(HeadConfig.from_dict(meta["head"])))
     ids = state.pop(DRAFT_IDS)
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
@@ -259,6 +262,30 @@ def head_config_for(spec: TargetSpec, n_draft_vocab: int, **overrides) -> HeadCo
     for k, v in overrides.items():
         setattr(c, k, v)
     return c
+
+
+def eagle3_config_for(spec: TargetSpec, n_draft_vocab: int, layers) -> Eagle3Config:
+    """An EAGLE-3 head for a target: one decoder layer shaped like the target's own (heads,
+    KV heads, head width, FFN width), its RoPE base and norm epsilon, over three layer inputs."""
+    if len(layers) != 3:
+        raise EdgespecError("--arch eagle3 needs features of three layer inputs: extract with "
+                            "--layers A,B,C (e.g. --layers eagle3)")
+    return Eagle3Config(n_embd=spec.n_embd, n_draft_vocab=n_draft_vocab,
+                        target_layers=[int(i) for i in layers], n_head=spec.n_head,
+                        n_head_kv=spec.n_head_kv, head_dim=spec.head_dim, n_ff=spec.n_ff,
+                        rope_base=spec.rope_base_global, rms_eps=spec.rms_eps,
+                        context_length=spec.n_ctx_train)
+
+
+def new_head(spec: TargetSpec, cfg: TrainConfig, n_draft_vocab: int, layers=(), **overrides):
+    if cfg.arch == "eagle3":
+        return Eagle3Head(eagle3_config_for(spec, n_draft_vocab, layers))
+    if cfg.arch != "mtp":
+        raise EdgespecError(f"unknown --arch {cfg.arch}; choose mtp or eagle3")
+    if layers:
+        raise EdgespecError("these features hold layer inputs (for --arch eagle3); the MTP head "
+                            "reads the final hidden state only: extract without --layers")
+    return MTPHead(head_config_for(spec, n_draft_vocab, **overrides))
 
 
 # -- training ---------------------------------------------------------------------------------
@@ -371,7 +398,8 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
             raise EdgespecError(f"{out} already holds a checkpoint; pass --resume or a new --out")
         vocab = build_draft_vocab([feats.tokens[i] for i in train_idx], cfg.draft_vocab,
                                   spec.n_vocab, always=[spec.eos_id])
-        head = MTPHead(head_config_for(spec, len(vocab["ids"]), **(head_overrides or {})))
+        head = new_head(spec, cfg, len(vocab["ids"]), getattr(feats, "layers", ()),
+                        **(head_overrides or {}))
         head.lm_head.copy_(torch.from_numpy(embed[vocab["ids"]]))
         start, state = 0, None
         meta = {}
@@ -495,7 +523,7 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
         T = len(toks) - max_chain - 1
         if T < 1:
             continue
-        target_next = (hid @ full.T).argmax(-1)  # the target's greedy token after each position
+        target_next = (hid[:, :full.shape[1]] @ full.T).argmax(-1)  # the target's greedy token after each position
         emb = torch.from_numpy(embed[toks.numpy()])[None]
         outs = head.forward_chain(emb[:, 1:], hid[None, :T], max_chain)
         ok = torch.ones(T, dtype=torch.bool)

@@ -1,0 +1,187 @@
+"""The EAGLE-3 head: training-time test equals the run-time recurrence llama.cpp runs, the RoPE
+layout the exporter writes is llama.cpp's, the GGUF carries what llama.cpp's loader reads, and
+training learns on features of three layer inputs."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgespec.errors import EdgespecError  # noqa: E402
+from edgespec.runtime.formats import Eagle3Config  # noqa: E402
+from edgespec.targets import load_target_spec  # noqa: E402
+from edgespec.training.eagle3 import Eagle3Head, parse_layers  # noqa: E402
+from edgespec.training.features import Features, quantize  # noqa: E402
+from test_targets import write_tiny_gguf  # noqa: E402
+from test_train import VOCAB, small_cfg, write_features  # noqa: E402
+
+
+def small_head(seed=0, e=16, vocab=12):
+    torch.manual_seed(seed)
+    c = Eagle3Config(n_embd=e, n_draft_vocab=vocab, target_layers=[1, 2, 3], n_head=4, n_head_kv=2,
+                     head_dim=8, n_ff=24, rope_base=10000.0)
+    h = Eagle3Head(c)
+    with torch.no_grad():
+        for p in h.parameters():
+            if p.ndim == 1:
+                p.add_(0.3 * torch.randn_like(p))
+        h.lm_head.normal_()
+    return h.eval()
+
+
+@torch.no_grad()
+def test_training_time_test_is_the_run_time_recurrence():
+    """Every step of `forward_chain` at every chain start equals running the head one position
+    at a time as llama.cpp does: real pairs (token t+1, fc(features t)) into the KV cache up to
+    the chain start, then each draft step's pre-norm state fed back as g one position later."""
+    h = small_head()
+    e, t, n = 16, 9, 3
+    hid = torch.randn(1, t, 4 * e) * 3
+    emb = torch.randn(1, t + n - 1, e)
+    outs = h.forward_chain(emb, hid, n)
+    g_real = h.fuse(hid[0])
+    for start in range(t):
+        cache = None
+        for p in range(start + 1):  # the real pairs at positions 0 .. start
+            state, cache = h.step(emb[0, p], g_real[p], cache, p)
+        torch.testing.assert_close(outs[0][0, start], state, rtol=1e-4, atol=1e-5)
+        for j in range(1, n):
+            state, cache = h.step(emb[0, start + j], state, cache, start + j)
+            torch.testing.assert_close(outs[j][0, start], state, rtol=1e-4, atol=1e-5)
+
+
+def _rope_interleaved(x, pos, base):
+    """llama.cpp's LLAMA_ROPE_TYPE_NORM: rotates adjacent pairs (2i, 2i + 1). x [T, H, D]."""
+    d = x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = pos[:, None, None].double() * inv  # [T, 1, D/2]
+    a, b = x[..., 0::2].double(), x[..., 1::2].double()
+    out = torch.empty_like(x, dtype=torch.float64)
+    out[..., 0::2] = a * ang.cos() - b * ang.sin()
+    out[..., 1::2] = a * ang.sin() + b * ang.cos()
+    return out
+
+
+def test_permuted_rows_under_llama_cpp_rope_give_the_trained_attention_scores():
+    from edgespec.exporters.eagle3_gguf import permute_rope, unpermute_rope
+    from edgespec.training.head import rope
+
+    rng = np.random.default_rng(0)
+    n_head, d, d_in, t = 3, 8, 10, 5
+    wq = rng.normal(size=(n_head * d, d_in)).astype(np.float32)
+    wk = rng.normal(size=(n_head * d, d_in)).astype(np.float32)
+    assert np.array_equal(unpermute_rope(permute_rope(wq, n_head), n_head), wq)
+    x = torch.from_numpy(rng.normal(size=(t, d_in)).astype(np.float32))
+    pos = torch.arange(t) + 7
+    # trained: rotate-half RoPE on the checkpoint's rows
+    q = rope((x @ torch.from_numpy(wq).T).view(1, t, n_head, d), pos[None], 1e4)[0]
+    k = rope((x @ torch.from_numpy(wk).T).view(1, t, n_head, d), pos[None], 1e4)[0]
+    # exported: llama.cpp's interleaved RoPE on the permuted rows
+    qe = _rope_interleaved((x @ torch.from_numpy(permute_rope(wq, n_head)).T).view(t, n_head, d), pos, 1e4)
+    ke = _rope_interleaved((x @ torch.from_numpy(permute_rope(wk, n_head)).T).view(t, n_head, d), pos, 1e4)
+    s = torch.einsum("qhd,khd->hqk", q.double(), k.double())
+    se = torch.einsum("qhd,khd->hqk", qe, ke)
+    torch.testing.assert_close(s, se, rtol=1e-4, atol=1e-4)
+    # and without the permutation the scores differ: the check can fail
+    qn = _rope_interleaved((x @ torch.from_numpy(wq).T).view(t, n_head, d), pos, 1e4)
+    kn = _rope_interleaved((x @ torch.from_numpy(wk).T).view(t, n_head, d), pos, 1e4)
+    assert not torch.allclose(torch.einsum("qhd,khd->hqk", qn, kn), s, rtol=1e-3, atol=1e-3)
+
+
+def test_layers_option():
+    assert parse_layers("eagle3", 30) == (2, 15, 27)
+    assert parse_layers("1,5,9", 12) == (1, 5, 9)
+    for bad in ("0,5,9", "1,5,12", "1,1,2", "a,b"):
+        with pytest.raises(EdgespecError, match="--layers"):
+            parse_layers(bad, 12)
+
+
+def write_layer_features(folder, spec, n_samples=24, length=30, seed=0):
+    """Synthetic EAGLE-3 features: [final hidden state, three layer inputs], where the layer
+    inputs (scaled differently, with noise) carry the next token as the final state does."""
+    from safetensors.numpy import save_file
+
+    from edgespec.cache import sha256_file
+
+    write_features(folder, spec, n_samples, length, dtype="fp16", seed=seed)
+    f = Features(folder)
+    rng = np.random.default_rng(seed + 1)
+    final = np.concatenate([f.hidden(i) for i in range(len(f))])
+    toks = np.concatenate(f.tokens)
+    seq = np.concatenate([[i] * len(t) for i, t in enumerate(f.tokens)])
+    layers = [final * s + rng.normal(scale=0.1 * s, size=final.shape) for s in (0.5, 4.0, 30.0)]
+    arrays = quantize(np.concatenate([final, *layers], axis=1).astype(np.float32), "fp16", 16)
+    arrays.update(tokens=toks.astype(np.int32), seq=seq.astype(np.int32))
+    name = "features-00000.safetensors"
+    save_file(arrays, str(folder / name))
+    m = json.loads((folder / "manifest.json").read_text())
+    m.update(layers=[1, 2, 4], width=4 * spec.n_embd)
+    m["shards"][0]["sha256"] = sha256_file(folder / name)
+    (folder / "manifest.json").write_text(json.dumps(m))
+    return folder
+
+
+@pytest.fixture()
+def tiny3(tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", arch="llama", n_layer=6, vocab=VOCAB, window=None)
+    spec = load_target_spec(path)
+    return path, spec, write_layer_features(tmp_path / "feat3", spec), tmp_path
+
+
+def test_eagle3_head_trains_evaluates_and_exports(tiny3):
+    import gguf
+
+    from edgespec.exporters.eagle3_gguf import unpermute_rope, write_eagle3_gguf
+    from edgespec.training.train import eval_head, load_checkpoint, train
+
+    path, spec, feats, tmp = tiny3
+    meta = train(str(path), feats, tmp / "e3", small_cfg(arch="eagle3", steps=80), log=lambda m: None)
+    hist = meta["train"]["history"]
+    assert hist[-1]["loss"] < hist[0]["loss"] * 0.7
+    r = eval_head(tmp / "e3", feats, max_chain=3)
+    assert r["expected_accepted"]["1"] >= 0.4, r
+    head, saved = load_checkpoint(tmp / "e3")
+    assert isinstance(head, Eagle3Head)
+    assert saved["head"]["arch"] == "eagle3" and saved["head"]["target_layers"] == [1, 2, 4]
+
+    out = write_eagle3_gguf(tmp / "e3", tmp / "e3.gguf", quant="f16")
+    rd = gguf.GGUFReader(str(tmp / "e3.gguf"))
+    fields = {k: v.contents() for k, v in rd.fields.items()}
+    assert fields["general.architecture"] == "eagle3"
+    assert fields["eagle3.target_layers"] == [1, 2, 4] and fields["eagle3.block_count"] == 1
+    assert fields["eagle3.target_hidden_size"] == spec.n_embd and fields["eagle3.norm_before_fc"]
+    assert fields["tokenizer.ggml.tokens"] == list(VOCAB)  # the target's vocabulary, copied
+    t = {x.name: x for x in rd.tensors}
+    assert "token_embd.weight" not in t  # llama.cpp takes the target's
+    d2t = np.asarray(t["d2t"].data)
+    assert d2t.dtype == np.int64 and np.array_equal(d2t, np.asarray(meta["draft_vocab"]["ids"]))
+    sd = {k: v.numpy() for k, v in head.state_dict().items()}
+    q = np.asarray(t["blk.0.attn_q.weight"].data, dtype=np.float32).reshape(sd["q.weight"].shape)
+    np.testing.assert_allclose(unpermute_rope(q, head.c.n_head), sd["q.weight"], rtol=2e-3, atol=2e-3)
+    fc = np.asarray(t["fc.weight"].data, dtype=np.float32).reshape(sd["fc.weight"].shape)
+    np.testing.assert_allclose(fc, sd["fc.weight"], rtol=2e-3, atol=2e-3)
+    assert out["bytes"] == (tmp / "e3.gguf").stat().st_size
+
+
+def test_wrong_head_or_features_are_clear_errors(tiny3, tmp_path):
+    from edgespec.exporters.eagle3_gguf import write_eagle3_gguf
+    from edgespec.training.train import train
+
+    path, spec, feats3, tmp = tiny3
+    plain = write_features(tmp / "plain", spec)
+    with pytest.raises(EdgespecError, match="--layers"):
+        train(str(path), plain, tmp / "x", small_cfg(arch="eagle3", steps=2), log=lambda m: None)
+    with pytest.raises(EdgespecError, match="extract without --layers"):
+        train(str(path), feats3, tmp / "y", small_cfg(steps=2), log=lambda m: None)
+    train(str(path), plain, tmp / "mtp", small_cfg(steps=2, warmup=1, save_every=2),
+          head_overrides={"n_head": 2, "n_head_kv": 1, "head_dim": 8, "n_ff": 32}, log=lambda m: None)
+    with pytest.raises(EdgespecError, match="not an EAGLE-3 head"):
+        write_eagle3_gguf(tmp / "mtp", tmp / "m.gguf")
+    r = subprocess.run([sys.executable, "-m", "edgespec", "export", "llama-cpp", str(tmp / "mtp"),
+                        "--out", str(tmp / "m.gguf")], capture_output=True, text=True)
+    assert r.returncode == 2 and "not an EAGLE-3 head" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp / "m.gguf").exists()

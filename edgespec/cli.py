@@ -209,7 +209,7 @@ def _cmd_bench(args) -> int:
                      threads=threads, temperature=args.temperature, seed=args.seed,
                      device=device, baseline=args.baseline, lm_head=args.lm_head,
                      memory=not args.no_memory, background_load=args.background_load,
-                     peers=tuple(args.peers or ()))
+                     peers=tuple(args.peers or ()), peer_head=args.peer_eagle3)
     print(b.format_table(report))
     if args.json:
         b.write_report(report, args.json)
@@ -303,9 +303,13 @@ def _cmd_export(args) -> int:
         r = export_lowrank_basis(args.source, args.out, rank=args.rank, check=not args.no_check,
                                  threads=args.threads, log=lambda m: print(m, file=sys.stderr))
     elif args.kind == "llama-cpp":
-        from edgespec.exporters.eagle3_gguf import write_eagle3_gguf
+        from edgespec.exporters.eagle3_gguf import check_eagle3_export, write_eagle3_gguf
 
+        if args.check and not args.features:
+            raise EdgespecError("--check needs --features DIR (held-out features with --layers)")
         r = write_eagle3_gguf(args.source, args.out, quant=args.quant or "q8_0")
+        if args.check:
+            r["check"] = check_eagle3_export(args.source, args.out, args.features)
     elif args.kind in ("gguf", "onnx"):
         from edgespec.exporters.check import check_head_export
 
@@ -459,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add stock llama.cpp rows: llama-server's plain decoding and its own "
                         "speculation (ngram-simple, ngram-mod, ngram-map-k) on the same prompts; "
                         "needs `make llama-tools`")
+    s.add_argument("--peer-eagle3", default=None, metavar="GGUF",
+                   help="with --peers llama-server: also run llama-server --spec-type "
+                        "draft-eagle3 with this EAGLE-3 head (`edgespec export llama-cpp`)")
     s.add_argument("--background-load", type=int, default=0, metavar="N",
                    help="run N CPU-hogging processes during the timed runs (after the warm-up)")
     s.add_argument("--no-memory", action="store_true",

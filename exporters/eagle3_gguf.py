@@ -144,3 +144,86 @@ def write_eagle3_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0") ->
             "target": meta["target"], "target_layers": list(c.target_layers),
             "draft_vocab": int(c.n_draft_vocab),
             "run": f"llama-server -m {spec.path} -md {out} --spec-type draft-eagle3"}
+
+
+# -- reading it back -------------------------------------------------------------------------
+def read_eagle3_gguf(path: str | Path):
+    """An exported EAGLE-3 GGUF as a torch `Eagle3Head` with the file's (dequantized) weights:
+    what llama.cpp computes, up to its kernels' rounding. Returns (head, draft ids, fields)."""
+    import gguf
+    import torch
+    from gguf.quants import dequantize
+
+    from edgespec.training.eagle3 import Eagle3Head
+
+    path = Path(path)
+    try:
+        r = gguf.GGUFReader(str(path))
+    except Exception as e:
+        raise EdgespecError(f"{path}: not a readable GGUF file ({e})") from None
+    fields = {k: v.contents() for k, v in r.fields.items() if not k.startswith("tokenizer.")}
+    if fields.get("general.architecture") != ARCH or "edgespec.head_config" not in fields:
+        raise EdgespecError(f"{path}: not an EAGLE-3 head exported by edgespec")
+    c = Eagle3Config.from_dict(json.loads(fields["edgespec.head_config"]))
+    t = {}
+    for x in r.tensors:
+        a = np.asarray(x.data)
+        if x.tensor_type not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.I64):
+            a = dequantize(a, x.tensor_type)
+        t[x.name] = a.reshape([int(n) for n in reversed(x.shape)]) if x.name != "d2t" else a
+    ids = np.asarray(t.pop("d2t"), dtype=np.int64)
+    sd = {"fc.weight": t["fc.weight"], "attn_norm.weight": t["blk.0.attn_norm.weight"],
+          "hidden_norm.weight": t["blk.0.attn_norm_2.weight"],
+          "q.weight": unpermute_rope(t["blk.0.attn_q.weight"], c.n_head),
+          "k.weight": unpermute_rope(t["blk.0.attn_k.weight"], c.n_head_kv),
+          "v.weight": t["blk.0.attn_v.weight"], "o.weight": t["blk.0.attn_output.weight"],
+          "ffn_norm.weight": t["blk.0.ffn_norm.weight"], "gate.weight": t["blk.0.ffn_gate.weight"],
+          "up.weight": t["blk.0.ffn_up.weight"], "down.weight": t["blk.0.ffn_down.weight"],
+          "out_norm.weight": t["output_norm.weight"], "lm_head": t["output.weight"]}
+    if c.norm_before_fc:
+        sd["enc_norm.weight"] = t["enc.output_norm.weight"]
+    head = Eagle3Head(c)
+    head.load_state_dict({k: torch.from_numpy(np.array(v, dtype=np.float32))
+                          for k, v in sd.items()})
+    return head.eval(), ids, fields
+
+
+def check_eagle3_export(ckpt: str | Path, exported: str | Path, features: str | Path,
+                        n_steps: int = 3, max_samples: int = 24) -> dict:
+    """The exported file's head (its quantized weights, read back) beside the trained head on
+    held-out features: top-1 agreement per draft step, max logit error, both acceptances."""
+    import torch
+
+    from edgespec.targets import embedding_rows
+    from edgespec.training.features import Features
+    from edgespec.training.train import checkpoint_target, eval_head, is_eval, load_checkpoint
+
+    head, meta = load_checkpoint(ckpt)
+    ex, ids, fields = read_eagle3_gguf(exported)
+    if fields.get("edgespec.target_fingerprint") != meta["target_fingerprint"]:
+        raise EdgespecError(f"{exported} is not an export of {ckpt} (target fingerprints differ)")
+    feats = Features(features)
+    embed = embedding_rows(checkpoint_target(meta))
+    idx = [i for i, s in enumerate(feats.sample_ids()) if is_eval(s)][:max_samples]
+    if not idx:
+        raise EdgespecError(f"{features}: no held-out samples to check against")
+    agree, total, err = [0] * n_steps, 0, 0.0
+    with torch.no_grad():
+        for i in idx:
+            toks = feats.tokens[i].astype(np.int64)
+            hid = torch.from_numpy(feats.hidden(i))
+            T = len(toks) - n_steps - 1
+            if T < 1:
+                continue
+            emb = torch.from_numpy(embed[toks])[None, 1:]
+            a = head.forward_chain(emb, hid[None, :T], n_steps)
+            b = ex.forward_chain(emb, hid[None, :T], n_steps)
+            for j in range(n_steps):
+                la, lb = head.logits(a[j][0]), ex.logits(b[j][0])
+                agree[j] += int((la.argmax(-1) == lb.argmax(-1)).sum())
+                err = max(err, float((la - lb).abs().max()))
+            total += T
+    return {"exported": str(exported), "bytes": Path(exported).stat().st_size,
+            "top1_agreement_by_step": [round(x / max(total, 1), 4) for x in agree],
+            "max_logit_error": round(err, 4), "compared": total,
+            "acceptance_trained": eval_head(ckpt, feats, max_chain=n_steps)["acceptance_by_position"]}

@@ -97,7 +97,8 @@ def machine_info(threads: int) -> dict:
 def bench(target: str, prompts: list[dict], methods: list[Method], max_new_tokens: int = 128,
           threads: int | None = None, temperature: float = 0.0, seed: int = 0, n_ctx: int = 4096,
           device: dict | None = None, baseline: str | None = None, lm_head: str = "auto",
-          memory: bool = True, background_load: int = 0, peers: tuple[str, ...] = ()) -> dict:
+          memory: bool = True, background_load: int = 0, peers: tuple[str, ...] = (),
+          peer_head: str | None = None) -> dict:
     """`lm_head`: the target engine's (see LlamaTarget). Where it is the low-rank head and the
     run is greedy, the method "target" (the reference for every speedup and for "same output as
     target") decodes the same file with llama.cpp's own full LM head, as plain llama.cpp would,
@@ -121,6 +122,10 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         raise EdgespecError(f"unknown peer '{unknown[0]}'; choose llama-server")
     if peers and background_load:
         raise EdgespecError("--peers and --background-load do not go together: the peers run unloaded")
+    if peer_head and not peers:
+        raise EdgespecError("--peer-eagle3 needs --peers llama-server")
+    if peer_head and not Path(peer_head).is_file():
+        raise EdgespecError(f"--peer-eagle3 {peer_head}: no such file")
     if peers:
         from edgespec.measure.peers import find_tool
 
@@ -159,9 +164,9 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     server_rounds = []
 
     def server_round():
-        from edgespec.measure.peers import SERVER_CONFIGS, server_round as one_round
+        from edgespec.measure.peers import server_configs, server_round as one_round
 
-        server_rounds.append(one_round(engine.model_file, ids, list(SERVER_CONFIGS), engine.n_threads,
+        server_rounds.append(one_round(engine.model_file, ids, server_configs(peer_head), engine.n_threads,
                                        n_ctx, max_new_tokens, temperature, seed, warm))
 
     if peers:

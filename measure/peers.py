@@ -36,6 +36,15 @@ SERVER_CONFIGS: dict[str, list[str]] = {
 }
 
 
+def server_configs(eagle3_head: str | Path | None = None) -> dict[str, list[str]]:
+    """The configurations a bench runs: SERVER_CONFIGS, plus `draft-eagle3` with an EAGLE-3
+    head GGUF (`edgespec export llama-cpp`) where one is given."""
+    out = dict(SERVER_CONFIGS)
+    if eagle3_head:
+        out["draft-eagle3"] = ["-md", str(eagle3_head), "--spec-type", "draft-eagle3"]
+    return out
+
+
 def llama_version() -> str:
     import llama_cpp
 
@@ -175,21 +184,22 @@ class LlamaServer(ServerProcess):
         return out
 
 
-def server_round(model: str | Path, prompts: list[list[int]], configs: list[str], threads: int,
+def server_round(model: str | Path, prompts: list[list[int]], configs: dict[str, list[str]], threads: int,
                  n_ctx: int, max_new_tokens: int, temperature: float, seed: int,
                  warm: list[int]) -> dict[str, dict]:
     """Each configuration in its own server process, every prompt once; per config the rows
     and the speculation counters of the timed requests."""
     out = {}
-    for name in configs:
-        with LlamaServer(model, SERVER_CONFIGS[name], threads, n_ctx) as srv:
+    for name, extra in configs.items():
+        with LlamaServer(model, extra, threads, n_ctx) as srv:
             srv.complete(warm, 16, temperature, seed)  # page the model in
             time.sleep(0.5)  # the counters are updated as a request's slot is released
             before = srv.spec_counters()
             rows = [srv.complete(ids, max_new_tokens, temperature, seed) for ids in prompts]
             time.sleep(0.5)
             after = srv.spec_counters()
-            out[name] = {"rows": rows, "counters": {k: after[k] - before[k] for k in after}}
+            out[name] = {"rows": rows, "counters": {k: after[k] - before[k] for k in after},
+                         "args": list(extra)}
     return out
 
 
@@ -232,7 +242,7 @@ def summarize_server(rounds: list[dict[str, dict]], target_rows: list[dict] | No
              "draft_n": cnt["draft_n"], "draft_n_accepted": cnt["draft_n_accepted"],
              "verify_steps_with_drafts": cnt["verify_steps"],
              "draft_acceptance": round(cnt["draft_n_accepted"] / max(1, cnt["draft_n"]), 4),
-             "args": SERVER_CONFIGS[name]}
+             "args": rounds[0][name]["args"]}
         if target_rows is not None:
             # edgespec's target rows are one round; compare speeds per prompt
             med_t, tot_t = speed_ratios(rows, target_rows)

@@ -185,3 +185,22 @@ def test_wrong_head_or_features_are_clear_errors(tiny3, tmp_path):
                         "--out", str(tmp / "m.gguf")], capture_output=True, text=True)
     assert r.returncode == 2 and "not an EAGLE-3 head" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp / "m.gguf").exists()
+
+
+def test_the_exported_file_reads_back_as_the_trained_head(tiny3):
+    from edgespec.exporters.eagle3_gguf import check_eagle3_export, read_eagle3_gguf, write_eagle3_gguf
+    from edgespec.training.train import load_checkpoint, train
+
+    path, spec, feats, tmp = tiny3
+    train(str(path), feats, tmp / "e3", small_cfg(arch="eagle3", steps=40), log=lambda m: None)
+    head, meta = load_checkpoint(tmp / "e3")
+    for quant in ("f16", "q8_0"):
+        write_eagle3_gguf(tmp / "e3", tmp / f"e3-{quant}.gguf", quant=quant)
+        back, ids, fields = read_eagle3_gguf(tmp / f"e3-{quant}.gguf")
+        assert np.array_equal(ids, np.asarray(meta["draft_vocab"]["ids"]))
+        for k, v in head.state_dict().items():
+            np.testing.assert_allclose(back.state_dict()[k].numpy(), v.numpy(), rtol=0.02, atol=0.02)
+        r = check_eagle3_export(tmp / "e3", tmp / f"e3-{quant}.gguf", feats)
+        assert r["compared"] > 0 and min(r["top1_agreement_by_step"]) >= 0.95, r
+    with pytest.raises(EdgespecError, match="not an EAGLE-3 head"):
+        read_eagle3_gguf(path)  # the target itself

@@ -24,10 +24,18 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.io import atomic_write
-from edgespec.runtime.formats import DRAFT_IDS, Eagle3Config, head_arch, read_checkpoint
+from edgespec.runtime.formats import (DRAFT_IDS, EAGLE3_ARCH, EAGLE3_CONFIG, EAGLE3_FINGERPRINT,
+                                      EAGLE3_TARGET, EAGLE3_TENSORS, Eagle3Config, head_arch,
+                                      read_checkpoint, read_eagle3_file)
 
-ARCH = "eagle3"
+ARCH = EAGLE3_ARCH
 QUANTS = ("f16", "q8_0")
+# Target architectures whose graph in the pinned llama.cpp (llama-cpp-python 0.3.36) hands its
+# layer inputs to a draft model, as draft-eagle3 needs (`llama_set_embeddings_layer_inp`), run
+# here with an exported head; and those whose graph does not: llama.cpp aborts at the first
+# decode ("layer input tensor is null", its gemma3 graph never records them).
+RUNS_IN_LLAMA_CPP = ("llama",)
+NOT_IN_LLAMA_CPP = ("gemma3",)
 
 
 def permute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -37,30 +45,13 @@ def permute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, d // 2, d_in).swapaxes(1, 2).reshape(out, d_in)
 
 
-def unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
-    out, d_in = w.shape
-    d = out // n_head
-    return w.reshape(n_head, d // 2, 2, d_in).swapaxes(1, 2).reshape(out, d_in)
-
-
 def gguf_tensors(c: Eagle3Config, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Checkpoint weights (torch layout [out, in]) -> llama.cpp tensor names, float32."""
     f = {k: np.asarray(v, dtype=np.float32) for k, v in w.items()}
-    t = {"fc.weight": f["fc.weight"],
-         "blk.0.attn_norm.weight": f["attn_norm.weight"],
-         "blk.0.attn_norm_2.weight": f["hidden_norm.weight"],
-         "blk.0.attn_q.weight": permute_rope(f["q.weight"], c.n_head),
-         "blk.0.attn_k.weight": permute_rope(f["k.weight"], c.n_head_kv),
-         "blk.0.attn_v.weight": f["v.weight"],
-         "blk.0.attn_output.weight": f["o.weight"],
-         "blk.0.ffn_norm.weight": f["ffn_norm.weight"],
-         "blk.0.ffn_gate.weight": f["gate.weight"],
-         "blk.0.ffn_up.weight": f["up.weight"],
-         "blk.0.ffn_down.weight": f["down.weight"],
-         "output_norm.weight": f["out_norm.weight"],
-         "output.weight": f["lm_head"]}
-    if c.norm_before_fc:
-        t["enc.output_norm.weight"] = f["enc_norm.weight"]
+    f["q.weight"] = permute_rope(f["q.weight"], c.n_head)
+    f["k.weight"] = permute_rope(f["k.weight"], c.n_head_kv)
+    t = {name: f[ours] for name, ours in EAGLE3_TENSORS.items()
+         if name != "enc.output_norm.weight" or c.norm_before_fc}
     return t
 
 
@@ -81,7 +72,9 @@ def _copy_tokenizer(writer, target_path: str) -> int:
     return n
 
 
-def write_eagle3_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0") -> dict:
+def write_eagle3_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0",
+                      any_target: bool = False) -> dict:
+    """`any_target`: write the file even for a target llama.cpp cannot run it with (tests)."""
     import gguf
     from gguf.constants import GGMLQuantizationType as Q
     from gguf.quants import quantize
@@ -98,6 +91,10 @@ def write_eagle3_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0") ->
     spec = load_target_spec(meta["target"] if meta["target"] in KNOWN_TARGETS else meta["target_path"])
     if spec.tokenizer_fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"target {meta['target']} does not match the head's fingerprint")
+    if spec.arch in NOT_IN_LLAMA_CPP and not any_target:
+        raise EdgespecError(f"stock llama.cpp (llama-cpp-python {_llama_version()}) cannot run an "
+                            f"EAGLE-3 head on a {spec.arch} target: its {spec.arch} graph does not "
+                            "hand layer inputs to the draft (llama-server aborts at the first decode)")
     ids = weights.pop(DRAFT_IDS).astype(np.int64)
     if len(ids) != c.n_draft_vocab or len(set(ids.tolist())) != len(ids) or ids.min() < 0 \
             or ids.max() >= spec.n_vocab:
@@ -124,9 +121,9 @@ def write_eagle3_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0") ->
         w.add_array(f"{ARCH}.target_layers", [int(i) for i in c.target_layers])
         w.add_uint32(f"{ARCH}.target_hidden_size", c.n_embd)
         w.add_bool(f"{ARCH}.norm_before_fc", bool(c.norm_before_fc))
-        w.add_string("edgespec.target", meta["target"])
-        w.add_string("edgespec.target_fingerprint", meta["target_fingerprint"])
-        w.add_string("edgespec.head_config", json.dumps(c.to_dict()))
+        w.add_string(EAGLE3_TARGET, meta["target"])
+        w.add_string(EAGLE3_FINGERPRINT, meta["target_fingerprint"])
+        w.add_string(EAGLE3_CONFIG, json.dumps(c.to_dict()))
         _copy_tokenizer(w, spec.path)
         for name, a in tensors.items():
             if a.ndim == 2 and a.shape[1] % 32 == 0:
@@ -140,52 +137,35 @@ def write_eagle3_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0") ->
         w.close()
 
     atomic_write(out, write)
+    verified = "yes" if spec.arch in RUNS_IN_LLAMA_CPP else "not tried for this architecture"
     return {"out": str(out), "arch": ARCH, "quant": quant, "bytes": out.stat().st_size,
+            "runs_in_stock_llama_cpp": verified,
             "target": meta["target"], "target_layers": list(c.target_layers),
             "draft_vocab": int(c.n_draft_vocab),
             "run": f"llama-server -m {spec.path} -md {out} --spec-type draft-eagle3"}
 
 
+def _llama_version() -> str:
+    try:
+        import llama_cpp
+
+        return llama_cpp.__version__
+    except ImportError:
+        return "?"
+
+
 # -- reading it back -------------------------------------------------------------------------
 def read_eagle3_gguf(path: str | Path):
     """An exported EAGLE-3 GGUF as a torch `Eagle3Head` with the file's (dequantized) weights:
-    what llama.cpp computes, up to its kernels' rounding. Returns (head, draft ids, fields)."""
-    import gguf
+    what llama.cpp computes, up to its kernels' rounding. Returns (head, draft ids, HeadFile)."""
     import torch
-    from gguf.quants import dequantize
 
     from edgespec.training.eagle3 import Eagle3Head
 
-    path = Path(path)
-    try:
-        r = gguf.GGUFReader(str(path))
-    except Exception as e:
-        raise EdgespecError(f"{path}: not a readable GGUF file ({e})") from None
-    fields = {k: v.contents() for k, v in r.fields.items() if not k.startswith("tokenizer.")}
-    if fields.get("general.architecture") != ARCH or "edgespec.head_config" not in fields:
-        raise EdgespecError(f"{path}: not an EAGLE-3 head exported by edgespec")
-    c = Eagle3Config.from_dict(json.loads(fields["edgespec.head_config"]))
-    t = {}
-    for x in r.tensors:
-        a = np.asarray(x.data)
-        if x.tensor_type not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.I64):
-            a = dequantize(a, x.tensor_type)
-        t[x.name] = a.reshape([int(n) for n in reversed(x.shape)]) if x.name != "d2t" else a
-    ids = np.asarray(t.pop("d2t"), dtype=np.int64)
-    sd = {"fc.weight": t["fc.weight"], "attn_norm.weight": t["blk.0.attn_norm.weight"],
-          "hidden_norm.weight": t["blk.0.attn_norm_2.weight"],
-          "q.weight": unpermute_rope(t["blk.0.attn_q.weight"], c.n_head),
-          "k.weight": unpermute_rope(t["blk.0.attn_k.weight"], c.n_head_kv),
-          "v.weight": t["blk.0.attn_v.weight"], "o.weight": t["blk.0.attn_output.weight"],
-          "ffn_norm.weight": t["blk.0.ffn_norm.weight"], "gate.weight": t["blk.0.ffn_gate.weight"],
-          "up.weight": t["blk.0.ffn_up.weight"], "down.weight": t["blk.0.ffn_down.weight"],
-          "out_norm.weight": t["output_norm.weight"], "lm_head": t["output.weight"]}
-    if c.norm_before_fc:
-        sd["enc_norm.weight"] = t["enc.output_norm.weight"]
-    head = Eagle3Head(c)
-    head.load_state_dict({k: torch.from_numpy(np.array(v, dtype=np.float32))
-                          for k, v in sd.items()})
-    return head.eval(), ids, fields
+    info = read_eagle3_file(path)
+    head = Eagle3Head(info.config)
+    head.load_state_dict({k: torch.from_numpy(v) for k, v in info.weights.items()})
+    return head.eval(), info.draft_ids, info
 
 
 def check_eagle3_export(ckpt: str | Path, exported: str | Path, features: str | Path,
@@ -199,8 +179,8 @@ def check_eagle3_export(ckpt: str | Path, exported: str | Path, features: str | 
     from edgespec.training.train import checkpoint_target, eval_head, is_eval, load_checkpoint
 
     head, meta = load_checkpoint(ckpt)
-    ex, ids, fields = read_eagle3_gguf(exported)
-    if fields.get("edgespec.target_fingerprint") != meta["target_fingerprint"]:
+    ex, ids, info = read_eagle3_gguf(exported)
+    if info.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{exported} is not an export of {ckpt} (target fingerprints differ)")
     feats = Features(features)
     embed = embedding_rows(checkpoint_target(meta))

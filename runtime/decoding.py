@@ -290,6 +290,12 @@ class Generation:
         in a chat) is kept, as llama_cpp.Llama does: only the rest is decoded."""
         t, t0 = self.target, time.perf_counter()
         _OWNER[t] = self
+        layers = tuple(getattr(self.drafter, "feature_layers", ()) or ())
+        if hasattr(t, "set_feature_layers"):
+            t.set_feature_layers(layers)  # () for every other drafter: plain hidden states
+        elif layers:
+            raise EdgespecError("this engine cannot read the layer inputs an EAGLE-3 head needs; "
+                                "run it on a llama.cpp target")
         if self.drafter:
             self.drafter.reset()
         self._reading = self._read_hidden()

@@ -96,6 +96,8 @@ class HeadDrafter:
                                 f"{info.fingerprint}), not for {target_spec.name} "
                                 f"({target_spec.tokenizer_fingerprint})")
         self.ids = info.draft_ids
+        # an EAGLE-3 head reads three of the target's layer inputs with each hidden state
+        self.feature_layers = tuple(getattr(info.config, "target_layers", ()) or ())
         self.embed = embedding_rows(target_spec)
         self.name = str(path)
         self.pending: list[np.ndarray] = []  # hidden rows not yet fed to the head
@@ -190,6 +192,7 @@ class MixedDrafter:
         self.head, self.min_match = head, min_match
         self.lookup = lookup or PromptLookup(min_ngram=min_match)
         self.name = f"{head.name}+lookup"
+        self.feature_layers = head.feature_layers
 
     def reset(self) -> None:
         self.head.reset()

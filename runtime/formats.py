@@ -327,3 +327,78 @@ def read_target_meta(folder: Path) -> dict:
         raise EdgespecError(f"{meta_path}: incomplete metadata (missing {', '.join(missing)}); "
                             "export the target again")
     return meta
+
+
+# -- EAGLE-3 head GGUF (`edgespec export llama-cpp`: llama.cpp's own `eagle3` architecture) ------
+EAGLE3_ARCH = "eagle3"
+EAGLE3_CONFIG = "edgespec.head_config"  # edgespec's keys in the file (llama.cpp ignores them)
+EAGLE3_TARGET = "edgespec.target"
+EAGLE3_FINGERPRINT = "edgespec.target_fingerprint"
+
+
+def unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
+    """[n_head * D, in] rows in llama.cpp's interleaved RoPE order (2i, 2i + 1) -> the
+    rotate-half order (i, i + D/2) training uses."""
+    out, d_in = w.shape
+    d = out // n_head
+    return w.reshape(n_head, d // 2, 2, d_in).swapaxes(1, 2).reshape(out, d_in)
+
+
+# llama.cpp tensor name -> the checkpoint's (torch) name
+EAGLE3_TENSORS = {"fc.weight": "fc.weight", "enc.output_norm.weight": "enc_norm.weight",
+                  "blk.0.attn_norm.weight": "attn_norm.weight",
+                  "blk.0.attn_norm_2.weight": "hidden_norm.weight",
+                  "blk.0.attn_q.weight": "q.weight", "blk.0.attn_k.weight": "k.weight",
+                  "blk.0.attn_v.weight": "v.weight", "blk.0.attn_output.weight": "o.weight",
+                  "blk.0.ffn_norm.weight": "ffn_norm.weight", "blk.0.ffn_gate.weight": "gate.weight",
+                  "blk.0.ffn_up.weight": "up.weight", "blk.0.ffn_down.weight": "down.weight",
+                  "output_norm.weight": "out_norm.weight", "output.weight": "lm_head"}
+
+
+def gguf_architecture(path: str | Path) -> str | None:
+    """The `general.architecture` of a GGUF file (None where it has none)."""
+    from edgespec.gguf_meta import read_header
+
+    arch = read_header(path).metadata.get("general.architecture")
+    return arch if isinstance(arch, str) else None
+
+
+def read_eagle3_file(path: str | Path) -> HeadFile:
+    """An EAGLE-3 head GGUF written by `edgespec export llama-cpp` -> its config, target, draft
+    vocabulary (from `d2t`) and float32 weights under the checkpoint's names (q/k rows back in
+    rotate-half order)."""
+    import gguf
+    from gguf.quants import dequantize
+
+    path = Path(path)
+    try:
+        r = gguf.GGUFReader(str(path))
+        fields = {k: v.contents() for k, v in r.fields.items() if not k.startswith("tokenizer.")}
+    except Exception as e:
+        raise EdgespecError(f"{path}: not a readable GGUF file ({one_line(e)})") from None
+    if fields.get("general.architecture") != EAGLE3_ARCH or EAGLE3_CONFIG not in fields:
+        raise EdgespecError(f"{path}: not an EAGLE-3 head exported by edgespec")
+    try:
+        c = Eagle3Config.from_dict(json.loads(fields[EAGLE3_CONFIG]))
+    except ValueError as e:
+        raise EdgespecError(f"{path}: unreadable EAGLE-3 head config ({e})") from None
+    w, ids = {}, None
+    for x in r.tensors:
+        a = np.asarray(x.data)
+        if x.name == "d2t":
+            ids = a.astype(np.int64).reshape(-1)
+            continue
+        if x.tensor_type != gguf.GGMLQuantizationType.F32:
+            a = dequantize(a, x.tensor_type)
+        if x.name in EAGLE3_TENSORS:
+            w[EAGLE3_TENSORS[x.name]] = np.array(a, dtype=np.float32).reshape(
+                [int(n) for n in reversed(x.shape)] if len(x.shape) > 1 else -1)
+    want = {v for k, v in EAGLE3_TENSORS.items() if k != "enc.output_norm.weight" or c.norm_before_fc}
+    if ids is None or set(w) != want or len(ids) != c.n_draft_vocab:
+        raise EdgespecError(f"{path}: EAGLE-3 head tensors do not match its config")
+    w["q.weight"] = unpermute_rope(w["q.weight"], c.n_head)
+    w["k.weight"] = unpermute_rope(w["k.weight"], c.n_head_kv)
+    fp = fields.get(EAGLE3_FINGERPRINT)
+    if not isinstance(fp, str):
+        raise EdgespecError(f"{path}: EAGLE-3 head has no target fingerprint")
+    return HeadFile(path, c, fields.get(EAGLE3_TARGET), fp, ids, w)

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError, one_line
-from edgespec.runtime.formats import (HeadConfig, HeadFile, cache_names, kept_positions,
-                                      read_checkpoint_head, read_head_gguf, read_onnx_head_meta)
+from edgespec.runtime.formats import (EAGLE3_ARCH, HeadConfig, HeadFile, cache_names,
+                                      gguf_architecture, kept_positions, read_checkpoint_head,
+                                      read_eagle3_file, read_head_gguf, read_onnx_head_meta)
 from edgespec.runtime.onnx_session import open_session
 
 
@@ -174,6 +175,68 @@ class OnnxHead:
         return res[1], (new_k, new_v)
 
 
+class Eagle3NumpyHead:
+    """An EAGLE-3 head (`edgespec export llama-cpp`) in numpy, the same interface as NumpyHead:
+    `forward(tok_emb, hidden, pos0, commit, cache)`. `hidden` rows are either the target's
+    stored vectors [T, E * 4] (final hidden state, then the three layer inputs: fused by fc) or
+    the head's own previous states [T, E] (draft steps after the first). Returns the pre-norm
+    states, which the next draft step reads; `last_logits` over the draft vocabulary."""
+
+    def __init__(self, config, weights: dict[str, np.ndarray]):
+        self.c = c = config
+        self.w = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items() if v.ndim == 1}
+        self.t = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32).T)
+                  for k, v in weights.items() if v.ndim == 2}
+        self.scale = 1.0 / float(np.sqrt(c.head_dim))
+        self.reset()
+
+    def reset(self) -> None:
+        self.k = np.zeros((0, self.c.n_head_kv, self.c.head_dim), np.float32)
+        self.v = self.k.copy()
+        self.n = 0
+
+    def _norm(self, x, name):
+        x = x.astype(np.float32, copy=False)
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.c.rms_eps) * self.w[name]
+
+    def forward(self, tok_emb, hidden, pos0, commit: bool, cache=None):
+        c, t = self.c, self.t
+        hidden = np.asarray(hidden, dtype=np.float32)
+        if hidden.shape[-1] == 4 * c.n_embd:  # target features: fuse the three layer inputs
+            f = hidden[:, c.n_embd:]
+            g = (self._norm(f, "enc_norm.weight") if c.norm_before_fc else f) @ t["fc.weight"]
+        else:
+            g = hidden
+        x = np.concatenate([self._norm(tok_emb, "attn_norm.weight"),
+                            self._norm(g, "hidden_norm.weight")], -1)
+        nh, nkv, hd = c.n_head, c.n_head_kv, c.head_dim
+        pos = np.arange(pos0, pos0 + len(x))
+        q = _rope((x @ t["q.weight"]).reshape(-1, nh, hd), pos, c.rope_base)
+        k = _rope((x @ t["k.weight"]).reshape(-1, nkv, hd), pos, c.rope_base)
+        v = (x @ t["v.weight"]).reshape(-1, nkv, hd)
+        ck, cv = cache if cache else (self.k, self.v)
+        K, V = np.concatenate([ck, k]), np.concatenate([cv, v])
+        kpos = np.arange(pos[-1] - len(K) + 1, pos[-1] + 1)
+        mask = kpos[None, :] <= pos[:, None]
+        qg = q.reshape(-1, nkv, nh // nkv, hd)
+        s = np.einsum("tgrd,sgd->grts", qg, K) * self.scale
+        s = np.where(mask[None, None], s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        a = np.einsum("grts,sgd->tgrd", s, V).reshape(-1, nh * hd)
+        h = g + a @ t["o.weight"]
+        n = self._norm(h, "ffn_norm.weight")
+        gate = n @ t["gate.weight"]
+        state = h + ((gate / (1.0 + np.exp(-gate))) * (n @ t["up.weight"])) @ t["down.weight"]
+        if commit:
+            self.k, self.v, self.n = K, V, pos0 + len(x)
+        self.last_logits = self.logits(state[-1])
+        return state, (K, V)
+
+    def logits(self, state):
+        return self._norm(state, "out_norm.weight") @ self.t["lm_head"]
+
+
 def load_head(path: str | Path) -> tuple[NumpyHead | OnnxHead, HeadFile]:
     """A runnable head from a head ONNX or GGUF file or a training checkpoint folder."""
     path = Path(path)
@@ -182,5 +245,8 @@ def load_head(path: str | Path) -> tuple[NumpyHead | OnnxHead, HeadFile]:
     if path.suffix == ".onnx":
         head = OnnxHead(path)
         return head, head.file
+    if path.suffix == ".gguf" and gguf_architecture(path) == EAGLE3_ARCH:
+        info = read_eagle3_file(path)
+        return Eagle3NumpyHead(info.config, info.weights), info
     info = read_head_gguf(path) if path.suffix == ".gguf" else read_checkpoint_head(path)
     return NumpyHead(info.config, info.weights), info

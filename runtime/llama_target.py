@@ -70,6 +70,31 @@ def _ggml():
     return _GGML
 
 
+# llama.cpp hands layer inputs to a draft model (what EAGLE-3 reads) only for the architectures
+# whose graph records them; the pinned version's `llama` graph does, its `gemma3` graph does not
+# (enabling them there aborts the process), so edgespec enables them only where known to work.
+LAYER_INPUT_ARCHS = ("llama",)
+_LAYER_INP = None
+
+
+def _layer_inputs_api():
+    """llama.cpp's layer-input extraction (C++ linkage in this version: looked up by its
+    mangled names in the binding's libllama)."""
+    global _LAYER_INP
+    if _LAYER_INP is None:
+        lib = lc.llama_cpp._lib
+        try:
+            set_ = getattr(lib, "_Z30llama_set_embeddings_layer_inpP13llama_contextjb")
+            get_ = getattr(lib, "_Z30llama_get_embeddings_layer_inpP13llama_contextj")
+        except AttributeError:
+            raise EdgespecError(f"this llama-cpp-python ({lc.__version__}) does not expose layer "
+                                "inputs; EAGLE-3 heads need llama-cpp-python 0.3.36") from None
+        set_.restype, set_.argtypes = None, [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool]
+        get_.restype, get_.argtypes = ctypes.POINTER(ctypes.c_float), [ctypes.c_void_p, ctypes.c_uint32]
+        _LAYER_INP = (set_, get_)
+    return _LAYER_INP
+
+
 def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
@@ -188,6 +213,7 @@ class LlamaTarget(LlamaVocab):
                 print(f"edgespec: warning: {one_line(e)}; decoding with llama.cpp's "
                       "full LM head instead", file=sys.stderr)
         self.lowrank: LowRankInfo | None = self.lowrank_head.info if self.lowrank_head else None
+        self.feature_layers: tuple[int, ...] = ()  # layer inputs every hidden read carries too
         self.draft_k = 6 if self.lowrank else 3
 
     def describe_lm_head(self, greedy: bool = True) -> str:
@@ -262,11 +288,18 @@ class LlamaTarget(LlamaVocab):
             parts.append(rows.reshape(-1, self.n_embd))
         return parts[0] if not layers else np.concatenate(parts, axis=1)
 
-    def hidden_states(self, tokens: list[int], layers: tuple[int, ...] = ()) -> np.ndarray:
+    def hidden_states(self, tokens: list[int], layers: tuple[int, ...] | None = None) -> np.ndarray:
         """Decode tokens into the cache; their final hidden states [n, n_embd]. With the probe
         no logits are computed; without it embeddings mode computes them too. `layers` (probe
         only): also the input of each of these layers (1 .. n_layer - 1), concatenated after
-        the final hidden state: [n, n_embd * (1 + len(layers))]."""
+        the final hidden state: [n, n_embd * (1 + len(layers))]. Default: `feature_layers`."""
+        if layers is None:
+            if self.feature_layers and self._cb is None:  # native extraction, embeddings mode
+                out = [self.decode(tokens[s:s + self.n_batch], hidden=True)[1]
+                       for s in range(0, len(tokens), self.n_batch)]
+                return (np.concatenate(out) if out else
+                        np.empty((0, self.n_embd * (1 + len(self.feature_layers))), np.float32))
+            layers = self.feature_layers
         if layers and self._cb is None:
             raise RuntimeError("layer inputs need the hidden-state probe (probe=True)")
         bad = [i for i in layers if not 1 <= i < self.n_layer]
@@ -305,6 +338,34 @@ class LlamaTarget(LlamaVocab):
             raise RuntimeError(f"llama_decode failed with code {rc}")
         self.tokens.extend(tokens)
 
+    def set_feature_layers(self, layers: tuple[int, ...] = ()) -> None:
+        """From now on every hidden-state read also carries the inputs of these layers:
+        [n, n_embd * (1 + len(layers))], the final hidden state first (EAGLE-3 heads read
+        them). () turns it off. Through llama.cpp's own extraction (no callback), on targets
+        whose graph records layer inputs (`LAYER_INPUT_ARCHS`)."""
+        layers = tuple(int(i) for i in layers)
+        if layers == self.feature_layers:
+            return
+        bad = [i for i in layers if not 1 <= i < self.n_layer]
+        if bad:
+            raise EdgespecError(f"layer {bad[0]} is not a layer input this target has "
+                                f"(choose from 1 to {self.n_layer - 1})")
+        if layers and self.spec.arch not in LAYER_INPUT_ARCHS:
+            raise EdgespecError(f"EAGLE-3 heads run on targets whose llama.cpp graph hands out "
+                                f"layer inputs ({', '.join(LAYER_INPUT_ARCHS)}); this "
+                                f"{self.spec.arch} target's does not")
+        set_, _ = _layer_inputs_api()
+        for i in self.feature_layers:
+            set_(self._ctx, i, False)
+        for i in layers:
+            set_(self._ctx, i, True)
+        self.feature_layers = layers
+
+    def _layer_rows(self, n: int, copy: bool) -> list[np.ndarray]:
+        """The inputs of the feature layers for the last decode's n tokens (native extraction)."""
+        _, get_ = _layer_inputs_api()
+        return [self._rows(get_(self._ctx, i), n, self.n_embd, copy) for i in self.feature_layers]
+
     def hidden_free(self, top_only: bool) -> bool:
         """Whether decodes compute the final hidden states anyway: greedy passes through the
         low-rank LM head read them (the probe) to find their candidates."""
@@ -334,14 +395,19 @@ class LlamaTarget(LlamaVocab):
             raise ValueError(f"decode takes at most n_batch={self.n_batch} tokens")
         n = len(tokens)
         every = all_logits or hidden
+        layers = self.feature_layers if hidden else ()
         if top_only and self.lowrank_head is not None:
             h = self._decode_grab(tokens, [True] * n if every else [False] * (n - 1) + [True])
-            return self.lowrank_head.top_logits(h), (h if hidden else None)
+            if layers:
+                h = np.concatenate([h, *self._layer_rows(n, True)], axis=1)
+            return self.lowrank_head.top_logits(h[:, :self.n_embd]), (h if hidden else None)
         self._set_embeddings(hidden)
         self._decode_chunk(tokens, [True] * n if every else [False] * (n - 1) + [True])
         n_out = n if every else 1
         logits = self._rows(lc.llama_get_logits(self._ctx), n_out, self.n_vocab, copy)
         hid = self._rows(lc.llama_get_embeddings(self._ctx), n, self.n_embd, copy) if hidden else None
+        if hid is not None and layers:
+            hid = np.concatenate([hid, *self._layer_rows(n, True)], axis=1)
         return logits, hid
 
     @staticmethod

@@ -120,6 +120,25 @@ def serve_table(path: Path) -> str:
                   "request tok/s (median)"], rows)
 
 
+def eagle3_check_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    m = r["machine"]
+    rows = [[i + 1, p["prompt_tokens"], p["tokens"], p["llama_drafted"],
+             f"{p['llama_acceptance']:.3f}", f"{p['edgespec_acceptance']:.3f}",
+             "yes" if p["same_text_as_plain"] else "no", f"{p['tok_s_plain']:.1f}", f"{p['tok_s_eagle3']:.1f}"]
+            for i, p in enumerate(r["per_prompt"])]
+    rows.append(["all", "", "", "", f"{r['llama_acceptance']:.3f}", f"{r['edgespec_acceptance']:.3f}",
+                 f"{r['same_text_as_plain_share']:.2f}", f"{r['tok_s_plain']:.1f}", f"{r['tok_s_eagle3']:.1f}"])
+    return table(f"`{path.relative_to(ROOT)}` (`scripts/eagle3_check.py`): the EAGLE-3 head "
+                 f"`{Path(r['head']).name}` inside stock llama-server (`{' '.join(r['server_args'][2:])}`, "
+                 f"its default 3 drafts per step), greedy, {r['n_predict']} new tokens per prompt: "
+                 "llama.cpp's own acceptance (its /metrics) against edgespec's replay of the same draft "
+                 "loop with the file's weights on the same text; whether the text equals llama-server's "
+                 f"plain greedy text; both speeds from its timings. {m['cpu']}, {m['threads']} threads.",
+                 ["prompt", "prompt tokens", "new tokens", "drafted", "llama.cpp acceptance",
+                  "edgespec replay", "same text as plain", "plain tok/s", "draft-eagle3 tok/s"], rows)
+
+
 def summary_table(paths: list[Path]) -> str:
     """One row per drafting method of every bench report: the figures to compare at a glance."""
     rows = []
@@ -215,6 +234,8 @@ def render() -> str:
         parts.append(bench_table(p))
     for p in sorted((ROOT / "results").glob("serve-*.json")):
         parts.append(serve_table(p))
+    for p in sorted((ROOT / "results").glob("eagle3-check-*.json")):
+        parts.append(eagle3_check_table(p))
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):
         r = json.loads(p.read_text())
         parts.append(f"`{p.relative_to(ROOT)}` (offline, held-out features): acceptance by position "

@@ -67,7 +67,8 @@ def _rope_interleaved(x, pos, base):
 
 
 def test_permuted_rows_under_llama_cpp_rope_give_the_trained_attention_scores():
-    from edgespec.exporters.eagle3_gguf import permute_rope, unpermute_rope
+    from edgespec.exporters.eagle3_gguf import permute_rope
+    from edgespec.runtime.formats import unpermute_rope
     from edgespec.training.head import rope
 
     rng = np.random.default_rng(0)
@@ -135,7 +136,8 @@ def tiny3(tmp_path):
 def test_eagle3_head_trains_evaluates_and_exports(tiny3):
     import gguf
 
-    from edgespec.exporters.eagle3_gguf import unpermute_rope, write_eagle3_gguf
+    from edgespec.exporters.eagle3_gguf import write_eagle3_gguf
+    from edgespec.runtime.formats import unpermute_rope
     from edgespec.training.train import eval_head, load_checkpoint, train
 
     path, spec, feats, tmp = tiny3
@@ -204,3 +206,36 @@ def test_the_exported_file_reads_back_as_the_trained_head(tiny3):
         assert r["compared"] > 0 and min(r["top1_agreement_by_step"]) >= 0.95, r
     with pytest.raises(EdgespecError, match="not an EAGLE-3 head"):
         read_eagle3_gguf(path)  # the target itself
+
+
+def test_the_runtime_runs_the_exported_file_as_the_torch_head_does(tiny3):
+    """`load_head` on an EAGLE-3 GGUF gives the numpy head the runtime drafts with: real rows
+    in one batch, then draft steps on its own states, equal to the torch head's training-time
+    test on the file's weights."""
+    from edgespec.exporters.eagle3_gguf import read_eagle3_gguf, write_eagle3_gguf
+    from edgespec.runtime.heads import Eagle3NumpyHead, load_head
+    from edgespec.training.train import train
+
+    path, spec, feats, tmp = tiny3
+    train(str(path), feats, tmp / "e3", small_cfg(arch="eagle3", steps=10, warmup=2, save_every=10),
+          log=lambda m: None)
+    write_eagle3_gguf(tmp / "e3", tmp / "e3.gguf", quant="f16")
+    nh, info = load_head(tmp / "e3.gguf")
+    assert isinstance(nh, Eagle3NumpyHead) and info.fingerprint == spec.tokenizer_fingerprint
+    th, _, _ = read_eagle3_gguf(tmp / "e3.gguf")
+    f = Features(feats)
+    hid = f.hidden(0)[:20]
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(22, spec.n_embd)).astype(np.float32)
+    with torch.no_grad():
+        ref = [o[0].numpy() for o in th.forward_chain(torch.from_numpy(emb)[None], torch.from_numpy(hid)[None], 3)]
+        ref_logits = [th.logits(torch.from_numpy(r)).numpy() for r in ref]
+    start = 12
+    out, _ = nh.forward(emb[:start + 1], hid[:start + 1], 0, commit=True)
+    np.testing.assert_allclose(out, ref[0][:start + 1], rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(nh.last_logits, ref_logits[0][start], rtol=1e-3, atol=1e-3)
+    cache = (nh.k, nh.v)
+    for j in range(1, 3):
+        out, cache = nh.forward(emb[start + j][None], out[-1:], start + j, commit=False, cache=cache)
+        np.testing.assert_allclose(out[0], ref[j][start], rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(nh.last_logits, ref_logits[j][start], rtol=1e-3, atol=1e-3)

@@ -107,3 +107,54 @@ def test_bench_serve_loads_edgespec_and_llama_server_with_concurrent_clients(tmp
     bad = subprocess.run([sys.executable, "-m", "edgespec", "bench-serve", "--target", "smollm2-135m",
                           "--servers", "vllm"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown server 'vllm'" in bad.stderr
+
+
+SHIPPED_EAGLE3 = os.path.join(os.path.dirname(__file__), "..", "runtime", "heads", "smollm2-135m",
+                              "eagle3-q8_0.gguf")
+
+
+@needs_tools
+def test_an_exported_eagle3_head_drafts_inside_stock_llama_server():
+    """The shipped SmolLM2 EAGLE-3 head (trained and exported by edgespec) loads in stock
+    llama-server with --spec-type draft-eagle3, its drafts get accepted, and llama.cpp's own
+    acceptance equals edgespec's replay of llama.cpp's draft loop with the file's weights on the
+    same text, up to llama.cpp's batch numerics."""
+    from edgespec.measure.eagle3_check import eagle3_in_llama_server
+
+    prompts = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+               "The history of the printing press begins in",
+               "import os\nimport sys\n\n\ndef main(argv):\n"]
+    r = eagle3_in_llama_server("smollm2-135m", SHIPPED_EAGLE3, prompts, n_predict=64)
+    assert all(p["llama_drafted"] > 0 for p in r["per_prompt"]), r
+    assert r["llama_acceptance"] >= 0.25, r
+    assert abs(r["llama_acceptance"] - r["edgespec_acceptance"]) <= 0.1, r
+
+
+@needs_tools
+def test_stock_llama_cpp_cannot_run_eagle3_on_gemma3(tmp_path):
+    """Why no Gemma 3 EAGLE-3 head is exported for llama.cpp: this llama.cpp's gemma3 graph never
+    records its layer inputs, and draft-eagle3 aborts at the first decode. If a later pin fixes
+    it, this test fails and the exporter's refusal can go."""
+    import numpy as np
+    import torch
+
+    from edgespec.exporters.eagle3_gguf import write_eagle3_gguf
+    from edgespec.measure.peers import find_tool
+    from edgespec.targets import embedding_rows, load_target_spec
+    from edgespec.training.eagle3 import Eagle3Head, default_target_layers
+    from edgespec.training.train import eagle3_config_for, save_checkpoint
+
+    spec = load_target_spec("gemma3-270m")
+    ids = np.arange(0, 256 * 16, 16)
+    head = Eagle3Head(eagle3_config_for(spec, len(ids), default_target_layers(spec.n_layer)))
+    head.lm_head.copy_(torch.from_numpy(embedding_rows(spec)[ids]))
+    save_checkpoint(tmp_path / "ck", head, {"target": spec.name, "target_path": spec.path,
+                                            "target_fingerprint": spec.tokenizer_fingerprint,
+                                            "draft_vocab": {"ids": ids, "size": len(ids)}})
+    with pytest.raises(EdgespecError, match="cannot run an EAGLE-3 head on a gemma3 target"):
+        write_eagle3_gguf(tmp_path / "ck", tmp_path / "h.gguf")
+    write_eagle3_gguf(tmp_path / "ck", tmp_path / "h.gguf", any_target=True)
+    r = subprocess.run([str(find_tool("llama-speculative-simple")), "-m", spec.path, "-md",
+                        str(tmp_path / "h.gguf"), "--spec-type", "draft-eagle3", "-p", "Hello",
+                        "-n", "4", "--temp", "0", "-t", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "layer input tensor is null" in r.stdout + r.stderr

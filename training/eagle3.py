@@ -169,3 +169,32 @@ def parse_layers(text: str | None, n_layer: int) -> tuple[int, ...]:
     if bad or len(set(ids)) != len(ids):
         raise EdgespecError(f"--layers {text}: each id must be distinct, from 1 to {n_layer - 1}")
     return ids
+
+
+@torch.no_grad()
+def greedy_draft_walk(head: Eagle3Head, draft_ids, tokens, hidden, embed, start: int,
+                      n_max: int = 3) -> dict:
+    """What llama.cpp's `draft-eagle3` does on a greedy text, offline: from chain start `start`
+    (the last prompt position) draft `n_max` tokens greedily, keep the prefix that equals the
+    text, move on by that many + 1; tokens [T] (prompt + the target's greedy continuation),
+    hidden [T, 4E] (stored features), embed: the target's embedding rows. Returns the drafted
+    and accepted counts and their ratio (llama.cpp's "accept" figure)."""
+    import numpy as np
+
+    toks = np.asarray(tokens, dtype=np.int64)
+    T = len(toks)
+    n = T - 1  # chain starts 0 .. T-2 read the token after them
+    emb = np.zeros((n + n_max - 1, head.c.n_embd), dtype=np.float32)
+    emb[:n] = embed[toks[1:]]
+    outs = head.forward_chain(torch.from_numpy(emb)[None], torch.as_tensor(hidden[:n])[None], n_max)
+    ids = torch.as_tensor(np.asarray(draft_ids, dtype=np.int64))
+    drafts = torch.stack([ids[head.logits(o[0]).argmax(-1)] for o in outs], 1).numpy()  # [n, n_max]
+    t, drafted, accepted, steps = start, 0, 0, 0
+    while t < n - 1:
+        a = 0
+        while a < n_max and t + a + 2 < T and drafts[t, a] == toks[t + a + 2]:
+            a += 1
+        drafted, accepted, steps = drafted + n_max, accepted + a, steps + 1
+        t += a + 1
+    return {"drafted": drafted, "accepted": accepted, "verify_steps": steps,
+            "acceptance": round(accepted / max(drafted, 1), 4)}

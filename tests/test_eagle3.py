@@ -239,3 +239,32 @@ def test_the_runtime_runs_the_exported_file_as_the_torch_head_does(tiny3):
         out, cache = nh.forward(emb[start + j][None], out[-1:], start + j, commit=False, cache=cache)
         np.testing.assert_allclose(out[0], ref[j][start], rtol=1e-3, atol=1e-3)
         np.testing.assert_allclose(nh.last_logits, ref_logits[j][start], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.integration
+def test_llama_cpp_hands_out_the_layer_inputs_the_probe_reads():
+    """On SmolLM2 (llama graph) the engine's native layer-input extraction, read with every
+    hidden-state decode, equals the inputs the eval-callback probe copies out of the graph
+    (what `extract --layers` stores), and leaves the final hidden state and logits as they were."""
+    from edgespec.runtime.llama_target import LlamaTarget
+
+    eng = LlamaTarget("smollm2-135m", n_ctx=256, n_batch=64, lm_head="full", probe=True)
+    plain = LlamaTarget("smollm2-135m", n_ctx=256, n_batch=64, lm_head="full")
+    toks = eng.tokenize("def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n")
+    layers = (2, 15, 27)
+    eng.reset()
+    probed = eng.hidden_states(toks, layers=layers)
+    plain.reset()
+    lg0, h0 = plain.decode(toks, hidden=True)
+    plain.set_feature_layers(layers)
+    plain.reset()
+    lg1, h1 = plain.decode(toks, hidden=True)
+    assert h1.shape == (len(toks), 4 * plain.n_embd)
+    np.testing.assert_array_equal(h1[:, :plain.n_embd], h0)
+    np.testing.assert_array_equal(lg1, lg0)
+    np.testing.assert_allclose(h1[:, plain.n_embd:], probed[:, plain.n_embd:], rtol=1e-4, atol=1e-3)
+    plain.set_feature_layers(())
+    plain.reset()
+    assert plain.decode(toks, hidden=True)[1].shape == (len(toks), plain.n_embd)
+    eng.close()
+    plain.close()

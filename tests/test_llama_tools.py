@@ -93,9 +93,10 @@ def test_bench_serve_loads_edgespec_and_llama_server_with_concurrent_clients(tmp
     res = subprocess.run([sys.executable, "-m", "edgespec", "bench-serve", "--target", "smollm2-135m",
                           "--clients", "1,2", "--servers", "edgespec,llama-server",
                           "--requests-per-client", "1", "--max-tokens", "12", "--n-ctx", "512",
-                          "--prompts", str(prompts), "--json", str(out)],
+                          "--prompts", str(prompts), "--json", str(out), "--plot", str(tmp_path / "s.png")],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rep = json.loads(out.read_text())
     assert list(rep["servers"]) == ["edgespec", "llama-server"]
     for phases in rep["servers"].values():

@@ -19,6 +19,11 @@ from pathlib import Path
 from edgespec.measure.peers import LlamaServer, server_configs
 
 
+def _tok_s(row: dict) -> float | None:
+    """A request's generation speed (None where it generated nothing: an immediate end)."""
+    return round(row["tokens"] / row["decode_s"], 2) if row["tokens"] and row["decode_s"] > 0 else None
+
+
 def eagle3_in_llama_server(target: str, head_gguf: str | Path, prompts: list[str],
                            n_predict: int = 96, n_ctx: int = 1024, threads: int | None = None) -> dict:
     from edgespec.exporters.eagle3_gguf import read_eagle3_gguf
@@ -26,9 +31,9 @@ def eagle3_in_llama_server(target: str, head_gguf: str | Path, prompts: list[str
     from edgespec.targets import embedding_rows
     from edgespec.training.eagle3 import greedy_draft_walk
 
-    head, draft_ids, fields = read_eagle3_gguf(head_gguf)
+    head, draft_ids, info = read_eagle3_gguf(head_gguf)
     eng = LlamaTarget(target, n_ctx=n_ctx, n_threads=threads, lm_head="full", probe=True, n_batch=64)
-    if fields.get("edgespec.target_fingerprint") != eng.spec.tokenizer_fingerprint:
+    if info.fingerprint != eng.spec.tokenizer_fingerprint:
         raise ValueError(f"{head_gguf} is a head for another target")
     ids = [eng.tokenize(p) for p in prompts]
     configs = server_configs(head_gguf)
@@ -59,8 +64,7 @@ def eagle3_in_llama_server(target: str, head_gguf: str | Path, prompts: list[str
                     "edgespec_drafted": walk["drafted"], "edgespec_accepted": walk["accepted"],
                     "edgespec_acceptance": walk["acceptance"],
                     "same_text_as_plain": spec["token_ids"] == plain["token_ids"],
-                    "tok_s_plain": round(plain["tokens"] / max(plain["decode_s"], 1e-9), 2),
-                    "tok_s_eagle3": round(spec["tokens"] / max(spec["decode_s"], 1e-9), 2)})
+                    "tok_s_plain": _tok_s(plain), "tok_s_eagle3": _tok_s(spec)})
     eng.close()
 
     def total(key):

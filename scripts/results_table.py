@@ -120,12 +120,36 @@ def serve_table(path: Path) -> str:
                   "request tok/s (median)"], rows)
 
 
+def eagle3_export_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    c, t, e = r["check"], r["train"], r["eval_head"]
+    acc = e["acceptance_by_position"]
+    return table(f"`{path.relative_to(ROOT)}`: EAGLE-3 head for {r['target']} (layers "
+                 f"{', '.join(map(str, r['target_layers']))}), {t['trainable_parameters'] / 1e6:.2f}M "
+                 f"trainable parameters, {t['steps']} steps of batch {t['batch']} on {t['train_tokens']} "
+                 f"training tokens ({t['features_dtype']} features) in {t['seconds'] / 60:.0f} min; "
+                 f"`{Path(r['out']).name}` {r['quant']}, {r['bytes'] / 2**20:.1f} MB. Offline acceptance "
+                 f"on held-out features ({e['positions']} chain starts) and the file read back against "
+                 f"the trained head ({c['compared']} positions, max logit error {c['max_logit_error']:.2f}).",
+                 ["draft step", *range(1, len(c["top1_agreement_by_step"]) + 1)],
+                 [["acceptance (trained head)", *(f"{a:.3f}" for a in acc[:len(c["top1_agreement_by_step"])])],
+                  ["top-1 agreement, file vs trained", *(f"{a:.4f}" for a in c["top1_agreement_by_step"])]])
+
+
+def _speeds(p: dict) -> list[str]:
+    """A prompt's plain and draft-eagle3 tok/s; "-" where it generated nothing (the first
+    check's JSON recorded a speed there: tokens over a zero decode time)."""
+    if not p["tokens"]:
+        return ["-", "-"]
+    return [f"{p['tok_s_plain']:.1f}", f"{p['tok_s_eagle3']:.1f}"]
+
+
 def eagle3_check_table(path: Path) -> str:
     r = json.loads(path.read_text())
     m = r["machine"]
     rows = [[i + 1, p["prompt_tokens"], p["tokens"], p["llama_drafted"],
              f"{p['llama_acceptance']:.3f}", f"{p['edgespec_acceptance']:.3f}",
-             "yes" if p["same_text_as_plain"] else "no", f"{p['tok_s_plain']:.1f}", f"{p['tok_s_eagle3']:.1f}"]
+             "yes" if p["same_text_as_plain"] else "no", *_speeds(p)]
             for i, p in enumerate(r["per_prompt"])]
     rows.append(["all", "", "", "", f"{r['llama_acceptance']:.3f}", f"{r['edgespec_acceptance']:.3f}",
                  f"{r['same_text_as_plain_share']:.2f}", f"{r['tok_s_plain']:.1f}", f"{r['tok_s_eagle3']:.1f}"])
@@ -234,6 +258,8 @@ def render() -> str:
         parts.append(bench_table(p))
     for p in sorted((ROOT / "results").glob("serve-*.json")):
         parts.append(serve_table(p))
+    for p in sorted((ROOT / "results").glob("export-eagle3-*.json")):
+        parts.append(eagle3_export_table(p))
     for p in sorted((ROOT / "results").glob("eagle3-check-*.json")):
         parts.append(eagle3_check_table(p))
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):

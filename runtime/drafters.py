@@ -192,7 +192,7 @@ class MixedDrafter:
         self.head, self.min_match = head, min_match
         self.lookup = lookup or PromptLookup(min_ngram=min_match)
         self.name = f"{head.name}+lookup"
-        self.feature_layers = head.feature_layers
+        self.feature_layers = getattr(head, "feature_layers", ())
 
     def reset(self) -> None:
         self.head.reset()

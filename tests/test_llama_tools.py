@@ -127,7 +127,7 @@ def test_an_exported_eagle3_head_drafts_inside_stock_llama_server():
                "import os\nimport sys\n\n\ndef main(argv):\n"]
     r = eagle3_in_llama_server("smollm2-135m", SHIPPED_EAGLE3, prompts, n_predict=64)
     assert all(p["llama_drafted"] > 0 for p in r["per_prompt"]), r
-    assert r["llama_acceptance"] >= 0.1, r  # a random head of this shape: 0
+    assert r["llama_acceptance"] >= 0.05, r  # a random head of this shape: 0
     assert abs(r["llama_acceptance"] - r["edgespec_acceptance"]) <= 0.1, r
 
 

@@ -268,3 +268,17 @@ def test_llama_cpp_hands_out_the_layer_inputs_the_probe_reads():
     assert plain.decode(toks, hidden=True)[1].shape == (len(toks), plain.n_embd)
     eng.close()
     plain.close()
+
+
+def test_features_of_other_layers_are_refused_by_resume_and_eval(tiny3):
+    from edgespec.training.train import eval_head, train
+
+    path, spec, feats3, tmp = tiny3
+    train(str(path), feats3, tmp / "e3", small_cfg(arch="eagle3", steps=4, warmup=1, save_every=2),
+          log=lambda m: None)
+    plain = write_features(tmp / "plain", spec)
+    with pytest.raises(EdgespecError, match="this head reads"):
+        eval_head(tmp / "e3", plain, max_chain=2)
+    with pytest.raises(EdgespecError, match="holds features of layers"):
+        train(str(path), plain, tmp / "e3", small_cfg(arch="eagle3", steps=8), resume=True,
+              log=lambda m: None)

@@ -403,6 +403,9 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
         head.lm_head.copy_(torch.from_numpy(embed[vocab["ids"]]))
         start, state = 0, None
         meta = {}
+    if tuple(getattr(feats, "layers", ())) != tuple(getattr(head.c, "target_layers", ())):
+        raise EdgespecError(f"{features} holds features of layers {list(getattr(feats, 'layers', ()))}; "
+                            f"the head in {out} reads {list(getattr(head.c, 'target_layers', ())) or 'none'}")
     head.lm_head.requires_grad_(False)
     head.to(world.device)
     t2d = torch.full((spec.n_vocab,), -1, dtype=torch.long)
@@ -505,10 +508,15 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
     if online:  # `features` is a data folder: the head's own target runs over it
         from edgespec.training.features import OnlineFeatures
 
-        features = OnlineFeatures(spec.path if spec.name not in KNOWN_TARGETS else spec.name, features)
+        features = OnlineFeatures(spec.path if spec.name not in KNOWN_TARGETS else spec.name, features,
+                                  layers=tuple(getattr(head.c, "target_layers", ())))
     feats = open_features(features)
     if feats.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{features} holds features of another target than the head's")
+    want = tuple(getattr(head.c, "target_layers", ()))
+    if tuple(getattr(feats, "layers", ())) != want:
+        raise EdgespecError(f"{features} holds features of layers {list(getattr(feats, 'layers', ()))}; "
+                            f"this head reads {list(want) or 'the final hidden state only'}")
     seq_index = feats.sample_ids()
     idx = [i for i, s in enumerate(seq_index) if is_eval(s)][:max_samples]
     if not idx:

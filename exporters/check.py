@@ -34,6 +34,9 @@ def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Pa
     if info.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{exported} is not an export of {ckpt} (target fingerprints differ)")
     feats = Features(features)
+    if feats.fingerprint != meta["target_fingerprint"] or feats.layers:
+        raise EdgespecError(f"{features}: not features of this head's target without layer inputs "
+                            "(extract them without --layers)")
     embed = embedding_rows(checkpoint_target(meta))
     idx = [i for i, s in enumerate(feats.sample_ids()) if is_eval(s)][:max_samples]
     if not idx:

@@ -183,6 +183,11 @@ def check_eagle3_export(ckpt: str | Path, exported: str | Path, features: str | 
     if info.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{exported} is not an export of {ckpt} (target fingerprints differ)")
     feats = Features(features)
+    if feats.fingerprint != meta["target_fingerprint"]:
+        raise EdgespecError(f"{features} holds features of another target than the head's")
+    if tuple(feats.layers) != tuple(head.c.target_layers):
+        raise EdgespecError(f"{features} holds features of layers {list(feats.layers)}; this head "
+                            f"reads layers {head.c.target_layers} (extract with --layers)")
     embed = embedding_rows(checkpoint_target(meta))
     idx = [i for i, s in enumerate(feats.sample_ids()) if is_eval(s)][:max_samples]
     if not idx:

@@ -126,6 +126,17 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         raise EdgespecError("--peer-eagle3 needs --peers llama-server")
     if peer_head and not Path(peer_head).is_file():
         raise EdgespecError(f"--peer-eagle3 {peer_head}: no such file")
+    if peer_head:
+        from edgespec.runtime.formats import read_eagle3_file
+        from edgespec.runtime.llama_target import LAYER_INPUT_ARCHS
+        from edgespec.targets import load_target_spec
+
+        tspec, hfile = load_target_spec(target), read_eagle3_file(peer_head)
+        if hfile.fingerprint != tspec.tokenizer_fingerprint:
+            raise EdgespecError(f"--peer-eagle3 {peer_head} is a head for another target")
+        if tspec.arch not in LAYER_INPUT_ARCHS:
+            raise EdgespecError(f"--peer-eagle3: stock llama.cpp cannot run an EAGLE-3 head on a "
+                                f"{tspec.arch} target (its graph does not hand out layer inputs)")
     if peers:
         from edgespec.measure.peers import find_tool
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from edgespec.errors import EdgespecError
 from edgespec.measure.peers import LlamaServer, server_configs
 
 
@@ -28,13 +29,21 @@ def eagle3_in_llama_server(target: str, head_gguf: str | Path, prompts: list[str
                            n_predict: int = 96, n_ctx: int = 1024, threads: int | None = None) -> dict:
     from edgespec.exporters.eagle3_gguf import read_eagle3_gguf
     from edgespec.runtime.llama_target import LlamaTarget
-    from edgespec.targets import embedding_rows
-    from edgespec.training.eagle3 import greedy_draft_walk
 
     head, draft_ids, info = read_eagle3_gguf(head_gguf)
     eng = LlamaTarget(target, n_ctx=n_ctx, n_threads=threads, lm_head="full", probe=True, n_batch=64)
+    try:
+        return _check(eng, target, head, draft_ids, info, head_gguf, prompts, n_predict, n_ctx)
+    finally:
+        eng.close()
+
+
+def _check(eng, target, head, draft_ids, info, head_gguf, prompts, n_predict, n_ctx) -> dict:
+    from edgespec.targets import embedding_rows
+    from edgespec.training.eagle3 import greedy_draft_walk
+
     if info.fingerprint != eng.spec.tokenizer_fingerprint:
-        raise ValueError(f"{head_gguf} is a head for another target")
+        raise EdgespecError(f"{head_gguf} is a head for another target")
     ids = [eng.tokenize(p) for p in prompts]
     configs = server_configs(head_gguf)
     runs: dict[str, list[dict]] = {}
@@ -65,7 +74,6 @@ def eagle3_in_llama_server(target: str, head_gguf: str | Path, prompts: list[str
                     "edgespec_acceptance": walk["acceptance"],
                     "same_text_as_plain": spec["token_ids"] == plain["token_ids"],
                     "tok_s_plain": _tok_s(plain), "tok_s_eagle3": _tok_s(spec)})
-    eng.close()
 
     def total(key):
         return sum(r[key] for r in per)

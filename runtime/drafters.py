@@ -96,6 +96,9 @@ class HeadDrafter:
                                 f"{info.fingerprint}), not for {target_spec.name} "
                                 f"({target_spec.tokenizer_fingerprint})")
         self.ids = info.draft_ids
+        if len(self.ids) and (self.ids.min() < 0 or self.ids.max() >= target_spec.n_vocab):
+            raise EdgespecError(f"head {path}: its draft vocabulary holds ids outside the "
+                                f"target's {target_spec.n_vocab} tokens")
         # an EAGLE-3 head reads three of the target's layer inputs with each hidden state
         self.feature_layers = tuple(getattr(info.config, "target_layers", ()) or ())
         self.embed = embedding_rows(target_spec)

@@ -355,6 +355,19 @@ EAGLE3_TENSORS = {"fc.weight": "fc.weight", "enc.output_norm.weight": "enc_norm.
                   "output_norm.weight": "out_norm.weight", "output.weight": "lm_head"}
 
 
+def eagle3_weight_shapes(c: Eagle3Config) -> dict[str, tuple[int, ...]]:
+    """Every weight of an EAGLE-3 head, torch layout ([out, in] for matrices)."""
+    e, hd = c.n_embd, c.head_dim
+    want = {"fc.weight": (e, 3 * e), "attn_norm.weight": (e,), "hidden_norm.weight": (e,),
+            "q.weight": (c.n_head * hd, 2 * e), "k.weight": (c.n_head_kv * hd, 2 * e),
+            "v.weight": (c.n_head_kv * hd, 2 * e), "o.weight": (e, c.n_head * hd),
+            "ffn_norm.weight": (e,), "gate.weight": (c.n_ff, e), "up.weight": (c.n_ff, e),
+            "down.weight": (e, c.n_ff), "out_norm.weight": (e,), "lm_head": (c.n_draft_vocab, e)}
+    if c.norm_before_fc:
+        want["enc_norm.weight"] = (3 * e,)
+    return want
+
+
 def gguf_architecture(path: str | Path) -> str | None:
     """The `general.architecture` of a GGUF file (None where it has none)."""
     from edgespec.gguf_meta import read_header
@@ -380,21 +393,22 @@ def read_eagle3_file(path: str | Path) -> HeadFile:
         raise EdgespecError(f"{path}: not an EAGLE-3 head exported by edgespec")
     try:
         c = Eagle3Config.from_dict(json.loads(fields[EAGLE3_CONFIG]))
-    except ValueError as e:
-        raise EdgespecError(f"{path}: unreadable EAGLE-3 head config ({e})") from None
-    w, ids = {}, None
-    for x in r.tensors:
-        a = np.asarray(x.data)
-        if x.name == "d2t":
-            ids = a.astype(np.int64).reshape(-1)
-            continue
-        if x.tensor_type != gguf.GGMLQuantizationType.F32:
-            a = dequantize(a, x.tensor_type)
-        if x.name in EAGLE3_TENSORS:
-            w[EAGLE3_TENSORS[x.name]] = np.array(a, dtype=np.float32).reshape(
-                [int(n) for n in reversed(x.shape)] if len(x.shape) > 1 else -1)
-    want = {v for k, v in EAGLE3_TENSORS.items() if k != "enc.output_norm.weight" or c.norm_before_fc}
-    if ids is None or set(w) != want or len(ids) != c.n_draft_vocab:
+        w, ids = {}, None
+        for x in r.tensors:
+            a = np.asarray(x.data)
+            if x.name == "d2t":
+                ids = a.astype(np.int64).reshape(-1)
+                continue
+            if x.tensor_type != gguf.GGMLQuantizationType.F32:
+                a = dequantize(a, x.tensor_type)
+            if x.name in EAGLE3_TENSORS:
+                w[EAGLE3_TENSORS[x.name]] = np.array(a, dtype=np.float32).reshape(
+                    [int(n) for n in reversed(x.shape)] if len(x.shape) > 1 else -1)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise EdgespecError(f"{path}: unreadable EAGLE-3 head ({one_line(e)})") from None
+    shapes = eagle3_weight_shapes(c)
+    if (ids is None or len(ids) != c.n_draft_vocab or ids.min(initial=0) < 0 or set(w) != set(shapes)
+            or any(w[k].shape != shape for k, shape in shapes.items())):
         raise EdgespecError(f"{path}: EAGLE-3 head tensors do not match its config")
     w["q.weight"] = unpermute_rope(w["q.weight"], c.n_head)
     w["k.weight"] = unpermute_rope(w["k.weight"], c.n_head_kv)

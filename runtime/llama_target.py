@@ -293,6 +293,19 @@ class LlamaTarget(LlamaVocab):
         no logits are computed; without it embeddings mode computes them too. `layers` (probe
         only): also the input of each of these layers (1 .. n_layer - 1), concatenated after
         the final hidden state: [n, n_embd * (1 + len(layers))]. Default: `feature_layers`."""
+        if layers is not None and self._cb is None:  # no probe: llama.cpp's own extraction
+            if tuple(layers) == self.feature_layers:
+                layers = None
+            elif layers:
+                raise RuntimeError("layer inputs need the hidden-state probe (probe=True) or "
+                                   "set_feature_layers")
+            else:  # the final hidden states alone, while feature layers are on
+                full = self.feature_layers
+                self.set_feature_layers(())
+                try:
+                    return self.hidden_states(tokens)
+                finally:
+                    self.set_feature_layers(full)
         if layers is None:
             if self.feature_layers and self._cb is None:  # native extraction, embeddings mode
                 out = [self.decode(tokens[s:s + self.n_batch], hidden=True)[1]

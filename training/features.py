@@ -131,7 +131,7 @@ def sample_hidden(engine, tokens: list[int], layers: tuple[int, ...] = ()) -> np
     before the LM head where the engine can: llama.cpp's logits are then never computed).
     With `layers`, each listed layer's input follows it: [T, E * (1 + len(layers))]."""
     engine.reset()
-    return engine.hidden_states(tokens, layers=tuple(layers)) if layers else engine.hidden_states(tokens)
+    return engine.hidden_states(tokens, layers=tuple(layers))
 
 
 def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None = None,

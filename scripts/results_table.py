@@ -248,20 +248,13 @@ def render() -> str:
     """The Results block, markers included."""
     benches = sorted((ROOT / "results").glob("bench-*.json"))
     parts = [summary_table(benches)]
-    for p in sorted((ROOT / "results").glob("export-target-*.json")):
-        parts.append(export_table(p))
-    for p in sorted((ROOT / "results").glob("lowrank-basis-*.json")):
-        parts.append(lowrank_basis_table(p))
-    for p in sorted((ROOT / "results").glob("export-onnx-target-*.json")):
-        parts.append(onnx_target_table(p))
-    for p in benches:
-        parts.append(bench_table(p))
-    for p in sorted((ROOT / "results").glob("serve-*.json")):
-        parts.append(serve_table(p))
-    for p in sorted((ROOT / "results").glob("export-eagle3-*.json")):
-        parts.append(eagle3_export_table(p))
-    for p in sorted((ROOT / "results").glob("eagle3-check-*.json")):
-        parts.append(eagle3_check_table(p))
+    for pattern, render_one in (("export-target-*.json", export_table),
+                                ("lowrank-basis-*.json", lowrank_basis_table),
+                                ("export-onnx-target-*.json", onnx_target_table),
+                                ("bench-*.json", bench_table), ("serve-*.json", serve_table),
+                                ("export-eagle3-*.json", eagle3_export_table),
+                                ("eagle3-check-*.json", eagle3_check_table)):
+        parts += [render_one(p) for p in sorted((ROOT / "results").glob(pattern))]
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):
         r = json.loads(p.read_text())
         parts.append(f"`{p.relative_to(ROOT)}` (offline, held-out features): acceptance by position "

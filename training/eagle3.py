@@ -29,21 +29,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgespec.runtime.formats import Eagle3Config
-from edgespec.training.head import attend_chain, rope
+from edgespec.training.head import RMSNorm, attend, attend_chain, rope
 
 
-class LlamaRMSNorm(nn.Module):
+def LlamaRMSNorm(dim: int, eps: float) -> RMSNorm:
     """x / rms(x) * w, in float32 (llama.cpp's LLM_NORM_RMS with a weight)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        x32 = x.float()
-        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).type_as(x)
+    return RMSNorm(dim, eps, offset=0.0)
 
 
 def default_target_layers(n_layer: int) -> list[int]:
@@ -104,15 +95,6 @@ class Eagle3Head(nn.Module):
         """The target's logits over the draft vocabulary from its stored final hidden states."""
         return hidden[..., :self.c.n_embd] @ self.lm_head.T
 
-    def _attend(self, q, k, v, mask):
-        rep = q.shape[2] // k.shape[2]
-        k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
-        s = torch.einsum("bqhd,bkhd->bhqk", q, k) * self.scale
-        s = s.masked_fill(~mask[:, None], float("-inf"))
-        p = torch.softmax(s.float(), -1).type_as(q)
-        b, tq, nh, d = q.shape
-        return torch.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, tq, nh * d)
-
     # -- training and reference forward ---------------------------------------------------------
     def forward_chain(self, tok_emb, hidden, n_steps: int, valid=None):
         """Training-time test over whole sequences (the MTP head's contract).
@@ -128,7 +110,7 @@ class Eagle3Head(nn.Module):
         mask = pos[:, None, :] <= pos[:, :, None]
         if valid is not None:  # padding keys are hidden; self stays visible (no empty row)
             mask = (mask & valid[:, None, :]) | torch.eye(t, dtype=torch.bool, device=hidden.device)
-        state = self.finish(g, self._attend(q, rk, rv, mask))
+        state = self.finish(g, attend(q, rk, rv, mask, self.scale))
         outs, chain = [state], []
         real_mask = pos[:, None, :] <= pos[:, :, None]
         if valid is not None:
@@ -149,7 +131,7 @@ class Eagle3Head(nn.Module):
         if cache is not None:
             k, v = torch.cat([cache[0], k], 1), torch.cat([cache[1], v], 1)
         mask = torch.ones(1, 1, k.shape[1], dtype=torch.bool)
-        state = self.finish(g.view(1, 1, -1), self._attend(q, k, v, mask))
+        state = self.finish(g.view(1, 1, -1), attend(q, k, v, mask, self.scale))
         return state.view(-1), (k, v)
 
 

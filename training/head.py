@@ -23,17 +23,18 @@ from edgespec.runtime.formats import HeadConfig
 
 
 class RMSNorm(nn.Module):
-    """Gemma's RMSNorm: x / rms(x) * (1 + w), computed in float32."""
+    """Gemma's RMSNorm: x / rms(x) * (1 + w), computed in float32; with offset=0 llama's
+    x / rms(x) * w (w starts at 1 then)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, offset: float = 1.0):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps, self.offset = eps, offset
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))
 
     def forward(self, x):
         x32 = x.float()
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * (1.0 + self.weight.float())).type_as(x)
+        return (y * (self.offset + self.weight.float())).type_as(x)
 
 
 def rope_tables(pos, d: int, base: float):
@@ -53,6 +54,18 @@ def apply_rope(x, cos, sin):
 def rope(x, pos, base: float):
     """Rotate-half RoPE (as Gemma/llama in HF layout). x: [..., T, H, D], pos: [..., T]."""
     return apply_rope(x, *rope_tables(pos, x.shape[-1], base))
+
+
+def attend(q, k, v, mask, scale: float):
+    """q [B, Tq, H, D], k/v [B, Tk, Hkv, D], mask [B or 1, Tq, Tk] bool -> [B, Tq, H*D]."""
+    b, tq, nh, d = q.shape
+    rep = nh // k.shape[2]
+    k = k.repeat_interleave(rep, dim=2)
+    v = v.repeat_interleave(rep, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    s = s.masked_fill(~mask[:, None], float("-inf"))
+    p = torch.softmax(s.float(), -1).type_as(q)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, tq, nh * d)
 
 
 def attend_chain(q, rk, rv, mask, chain, scale: float):
@@ -113,15 +126,7 @@ class Block(nn.Module):
         return x + self.post_ffn_norm(h)
 
     def attend(self, q, k, v, mask):
-        """q [B, Tq, H, D], k/v [B, Tk, Hkv, D], mask [B or 1, Tq, Tk] bool -> [B, Tq, H*D]."""
-        b, tq, nh, d = q.shape
-        rep = nh // k.shape[2]
-        k = k.repeat_interleave(rep, dim=2)
-        v = v.repeat_interleave(rep, dim=2)
-        s = torch.einsum("bqhd,bkhd->bhqk", q, k) * self.scale
-        s = s.masked_fill(~mask[:, None], float("-inf"))
-        p = torch.softmax(s.float(), -1).type_as(q)
-        return torch.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, tq, nh * d)
+        return attend(q, k, v, mask, self.scale)
 
 
 class MTPHead(nn.Module):

@@ -127,9 +127,6 @@ def _cmd_eval_head(args) -> int:
 
 
 def _cmd_serve(args) -> int:
-    if args.parallel != 1:
-        raise EdgespecError("--parallel > 1 is not implemented yet: requests take turns on one "
-                            "sequence; leave it at 1")
     if args.max_queue < 0:
         raise EdgespecError(f"--max-queue must be >= 0, got {args.max_queue}")
     try:
@@ -140,7 +137,8 @@ def _cmd_serve(args) -> int:
     print(f"edgespec serve: http://{args.host}:{args.port}/ (chat page), /v1/ (OpenAI API)",
           file=sys.stderr)
     serve(args.target, draft=args.draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
-          threads=args.threads, api_key=args.api_key, max_queue=args.max_queue, lm_head=args.lm_head)
+          threads=args.threads, api_key=args.api_key, max_queue=args.max_queue, lm_head=args.lm_head,
+          parallel=args.parallel)
     return 0
 
 
@@ -416,13 +414,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default (shipped head + lookup), none, lookup, a head path, head:PATH")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=_positive_int, default=8080)
-    s.add_argument("--n-ctx", type=_positive_int, default=4096)
+    s.add_argument("--n-ctx", type=_positive_int, default=4096, help="context per slot")
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/")
     s.add_argument("--max-queue", type=int, default=8,
-                   help="requests that may wait while one runs; more get 503")
+                   help="requests that may wait while every slot is busy; more get 503")
     s.add_argument("--parallel", type=_positive_int, default=1,
-                   help="concurrent sequences (only 1 so far: requests take turns)")
+                   help="slots: requests generating at once in one cache, their drafts verified "
+                        "in one batched decode per step (GGUF targets)")
     s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
     s.set_defaults(func=_cmd_serve)
 

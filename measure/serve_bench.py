@@ -7,8 +7,9 @@ each client sends its share of the bench prompts one after another (streamed; pr
 every server gets them; greedy; the same new-token budget). Per server and client count: total
 generated tokens over the wall time of that phase (total tok/s), time to first token (p50, p95)
 and each request's own generation speed (tokens over the time from its first token to its last,
-median). Servers: `edgespec serve` with the default drafter and without drafting, and stock
-`llama-server --parallel N` (N = the most clients) plain and with its own n-gram speculation.
+median). Servers (N = the most clients): `edgespec serve --parallel N` with the default drafter
+and without drafting, and stock `llama-server --parallel N` plain and with its own n-gram
+speculation; each slot gets n_ctx tokens of context.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def _start(kind: str, target_arg: str, model_file: Path, n_ctx: int, threads: in
         draft = "none" if kind == "edgespec:none" else "default"
         cmd = [sys.executable, "-m", "edgespec", "serve", "--target", target_arg, "--draft", draft,
                "--port", str(port), "--n-ctx", str(n_ctx), "--threads", str(threads),
-               "--max-queue", "64"]
+               "--max-queue", "64", "--parallel", str(slots)]
         body = lambda ids, n: {"prompt": ids, "max_tokens": n, "temperature": 0.0, "stream": True}  # noqa: E731
         return _Server(kind, cmd, port, "/v1/completions", body, _edgespec_parse,
                        env=dict(os.environ, EDGESPEC_NO_PROGRESS="1"))

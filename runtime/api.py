@@ -113,9 +113,9 @@ class SpeculativeLlama:
         self.last_drafted_at, self.last_accepted_at = gen.stats.drafted_at, gen.stats.accepted_at
         return self.last_stats
 
-    def chat_prompt_tokens(self, messages: list[dict]) -> int:
-        """The length of the prompt `create_chat_completion` would decode for `messages`."""
-        return len(self.engine.tokenize(render_chat(self.engine.spec, messages)))
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+        """The prompt `create_chat_completion` would decode for `messages`."""
+        return self.engine.tokenize(render_chat(self.engine.spec, messages))
 
     @staticmethod
     def _finish(gen: Generation) -> str:

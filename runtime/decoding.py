@@ -339,7 +339,7 @@ class Generation:
         dt = time.perf_counter() - td
         st.draft_s += dt
         st.draft_steps += n_made
-        self.policy.observe_draft_time(dt, n_made)
+        self.policy.observe_draft_time(dt, n_made, draft.source)
         return draft
 
     def _grammar_allows(self, draft: Draft, n: int) -> int:

@@ -160,11 +160,12 @@ class LlamaTarget(LlamaVocab):
 
     def __init__(self, target: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, swa_full: bool = False, spec: TargetSpec | None = None,
-                 lm_head: str = "auto", probe: bool = False):
+                 lm_head: str = "auto", probe: bool = False, n_seq: int = 1):
         """lm_head: "auto" (low-rank for greedy decoding where a basis ships for the target,
         else full), "full" (llama.cpp's own LM head, always), "lowrank" (a basis must ship), or
         a basis file (.npz). probe: read hidden states through the eval callback even without a
-        low-rank head (`hidden_states`)."""
+        low-rank head (`hidden_states`). n_seq: sequences the cache holds (`decode_parts`; the
+        single-sequence methods use sequence 0); n_ctx cells are shared by all of them."""
         self.spec = spec or load_target_spec(target)
         self.model_file = Path(self.spec.path)
         basis = self._basis(lm_head)
@@ -184,7 +185,11 @@ class LlamaTarget(LlamaVocab):
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = n_seq
+        # one cache for every sequence: llama.cpp then keeps a batch in order (its split by
+        # sequence reorders rows, which the eval callback would read out of order)
+        cparams.kv_unified = True
+        self.n_seq = n_seq
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
         cparams.embeddings = False
@@ -261,6 +266,13 @@ class LlamaTarget(LlamaVocab):
         """Decode without the LM head; the hidden states of the output rows [n_out, n_embd], or
         with `layers` [n_out, n_embd * (1 + len(layers))]: the final hidden state, then the
         input of each listed layer (every row is an output then)."""
+        self._check_room(len(tokens))
+        out = self._grab_batch([(0, len(self.tokens), tokens, outputs)], layers)
+        self.tokens.extend(tokens)
+        return out
+
+    def _grab_batch(self, pieces, layers: tuple[int, ...] = ()) -> np.ndarray:
+        """`_decode_grab` over (seq, first position, tokens, outputs) pieces in one decode."""
         if self._cb is None:
             raise RuntimeError("this engine was opened without the hidden-state probe")
         self._set_embeddings(False)
@@ -270,7 +282,7 @@ class LlamaTarget(LlamaVocab):
         self._grabbed.clear()
         self._grab = True
         try:
-            self._decode_chunk(tokens, outputs)
+            self._run_batch(pieces)
         finally:
             self._grab = False
             self._grab_layers.clear()
@@ -278,7 +290,7 @@ class LlamaTarget(LlamaVocab):
         for name, rows in self._grabbed:
             got.setdefault(name, []).append(rows)
         self._grabbed.clear()
-        n_out = sum(outputs)
+        n_out = sum(sum(p[3]) for p in pieces)
         parts = []
         for name in [b"result_norm", *names]:
             rows = np.concatenate(got.get(name, [np.empty(0, np.float32)]))
@@ -333,23 +345,31 @@ class LlamaTarget(LlamaVocab):
             lc.llama_set_embeddings(self._ctx, on)
             self._embeddings_on = on
 
-    def _decode_chunk(self, tokens: list[int], outputs: list[bool]) -> None:
-        n, start = len(tokens), len(self.tokens)
-        if start + n > self.n_ctx:
+    def _check_room(self, n: int) -> None:
+        if len(self.tokens) + n > self.n_ctx:
             raise EdgespecError(f"context is full ({self.n_ctx} tokens); use a larger n_ctx "
                                 "or a shorter prompt")
-        b = self._batch
-        b.n_tokens = n
-        for i, (t, out) in enumerate(zip(tokens, outputs)):
-            b.token[i] = t
-            b.pos[i] = start + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = out
+
+    def _decode_chunk(self, tokens: list[int], outputs: list[bool]) -> None:
+        self._check_room(len(tokens))
+        self._run_batch([(0, len(self.tokens), tokens, outputs)])
+        self.tokens.extend(tokens)
+
+    def _run_batch(self, pieces) -> None:
+        """One llama_decode over (seq, first position, tokens, outputs) pieces, in order."""
+        b, i = self._batch, 0
+        for seq, start, tokens, outputs in pieces:
+            for j, (t, out) in enumerate(zip(tokens, outputs)):
+                b.token[i] = t
+                b.pos[i] = start + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq
+                b.logits[i] = out
+                i += 1
+        b.n_tokens = i
         rc = lc.llama_decode(self._ctx, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc}")
-        self.tokens.extend(tokens)
 
     def set_feature_layers(self, layers: tuple[int, ...] = ()) -> None:
         """From now on every hidden-state read also carries the inputs of these layers:
@@ -435,17 +455,98 @@ class LlamaTarget(LlamaVocab):
         if n >= len(self.tokens):
             return
         kept = self.tokens[:n]
-        lc.llama_memory_seq_rm(self._mem, 0, n, -1)
+        self.seq_rollback(0, kept)
         self.tokens = kept
+
+    # -- several sequences in one cache (runtime/batching.py) --------------------------------
+    def seq_rollback(self, seq: int, kept: list[int]) -> None:
+        """Drop sequence `seq`'s cache entries past `kept` (the tokens it keeps)."""
+        n = len(kept)
+        lc.llama_memory_seq_rm(self._mem, seq, n, -1)
         window = self.spec.sliding_window
         if window and n > 0:
             # The next token (position n) attends back to position n - window + 1 on sliding
             # layers; if the cache dropped cells in that range (or all: -1), re-decode.
-            pos_min = lc.llama_memory_seq_pos_min(self._mem, 0)
+            pos_min = lc.llama_memory_seq_pos_min(self._mem, seq)
             if pos_min < 0 or pos_min > max(0, n - window):
                 self.n_redecodes += 1
-                self.reset()
-                self.prefill(kept)
+                lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
+                self._set_embeddings(False)
+                for s in range(0, n, self.n_batch):
+                    chunk = kept[s:s + self.n_batch]
+                    self._run_batch([(seq, s, chunk, [False] * len(chunk))])
+
+    def seq_clear(self, seq: int) -> None:
+        lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
+
+    def decode_parts(self, parts) -> list[tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]]:
+        """Decode parts of several sequences (runtime.batching.Part: seq, start, tokens,
+        outputs "none" | "last" | "all", hidden, logits, top_only) in as few llama_decode calls
+        as their kinds allow (one, when they all verify greedily or all sample): per part
+        (logits of its output rows, hidden states of its rows, low-rank candidates). Greedy
+        parts on the low-rank LM head get no logits but their hidden states and candidates
+        (the caller picks the exact logits, `LowRankHead.top`); parts with no outputs (prompt
+        prefill) ride along with the others. Every array is the caller's own copy."""
+        grab = self._cb is not None
+
+        def kind(p) -> str:
+            if p.outputs == "none":
+                return "prefill"
+            if grab and (not p.logits or (p.top_only and self.lowrank_head is not None)):
+                return "grab"
+            return "emb" if p.hidden else "full"
+
+        groups: dict[str, list[int]] = {}
+        for i, p in enumerate(parts):
+            groups.setdefault(kind(p), []).append(i)
+        prefill = groups.pop("prefill", [])
+        if prefill:
+            groups.setdefault("grab" if "grab" in groups else "full", []).extend(prefill)
+        results: list = [None] * len(parts)
+        for k, idx in groups.items():
+            chunk, rows = [], 0
+            for i in idx:
+                n = len(parts[i].tokens)
+                if chunk and rows + n > self.n_batch:
+                    self._decode_group(k, [parts[j] for j in chunk], chunk, results)
+                    chunk, rows = [], 0
+                chunk.append(i)
+                rows += n
+            if chunk:
+                self._decode_group(k, [parts[j] for j in chunk], chunk, results)
+        return results
+
+    def _decode_group(self, kind: str, parts, idx: list[int], results: list) -> None:
+        pieces, n_out = [], []
+        for p in parts:
+            n = len(p.tokens)
+            if p.outputs == "none":
+                out = [False] * n
+            elif p.outputs == "all" or kind == "emb":
+                out = [True] * n
+            else:
+                out = [False] * (n - 1) + [True]
+            pieces.append((p.seq, p.start, p.tokens, out))
+            n_out.append(sum(out))
+        at = np.cumsum([0] + n_out)
+        if kind == "grab":
+            h = self._grab_batch(pieces)
+            want = self.lowrank_head is not None and any(p.logits for p in parts)
+            cand = self.lowrank_head.candidates(h) if want and len(h) else None
+            for j, (i, p) in enumerate(zip(idx, parts)):
+                rows = slice(at[j], at[j + 1])
+                results[i] = (None, h[rows].copy() if n_out[j] else None,
+                              cand[rows].copy() if cand is not None and n_out[j] and p.logits else None)
+            return
+        self._set_embeddings(kind == "emb")
+        self._run_batch(pieces)
+        logits = self._rows(lc.llama_get_logits(self._ctx), int(at[-1]), self.n_vocab, False) if at[-1] else None
+        hid = self._rows(lc.llama_get_embeddings(self._ctx), int(at[-1]), self.n_embd, False) \
+            if kind == "emb" else None
+        for j, (i, p) in enumerate(zip(idx, parts)):
+            rows = slice(at[j], at[j + 1])
+            results[i] = (logits[rows].copy() if n_out[j] and p.logits else None,
+                          hid[rows].copy() if hid is not None and p.hidden else None, None)
 
     def reset(self) -> None:
         lc.llama_memory_clear(self._mem, True)

@@ -56,7 +56,7 @@ class FixedK:
     def update(self, drafted: int, accepted: int, source: str = "") -> None:
         pass
 
-    def observe_draft_time(self, seconds: float, steps: int) -> None:
+    def observe_draft_time(self, seconds: float, steps: int, source: str = "") -> None:
         pass
 
     def observe_verify(self, n: int, seconds: float) -> None:
@@ -255,8 +255,12 @@ class CostAware(FixedK):
         if len(verify_cost) < k + 1:
             raise ValueError("verify_cost needs k + 1 entries")
         # c[n - 1]: the cost of verifying n tokens, learned from the loop's timings as it runs
-        self.c = verify_cost if isinstance(verify_cost, VerifyCost) else VerifyCost(verify_cost)
-        self.draft_step_s = draft_step_s
+        self.c = verify_cost if hasattr(verify_cost, "observe") else VerifyCost(verify_cost)
+        self.draft_step_s = draft_step_s  # seconds per draft step, until a source is timed
+        self.step_s: dict[str, float] = {}  # per draft source, its measured seconds per step
+        # tokens other requests sharing each verify pass emit in it (runtime/batching.py: the
+        # pass's rate is theirs plus this request's); 0 when this request decodes alone
+        self.others = 0.0
         self.prior = prior
         # per draft source, P(draft j accepted | drafts before it accepted); where a key is given,
         # each generation starts from where the last one with that key ended
@@ -293,34 +297,37 @@ class CostAware(FixedK):
             self.accs[source] = [self.prior] * self.k
         return self.accs[source]
 
-    def _best(self, probs: list[float]) -> int:
-        best_k, best = 0, 1.0 / self.c[0]
-        expected, survive = 1.0, 1.0
+    def _step(self, source: str) -> float:
+        return self.step_s.get(source, self.draft_step_s)
+
+    def _best(self, probs: list[float], source: str = "") -> int:
+        best_k, best = 0, (1.0 + self.others) / self.c[0]
+        expected, survive, step = 1.0 + self.others, 1.0, self._step(source)
         for j, p in enumerate(probs, 1):
             survive *= p
             expected += survive
-            rate = expected / (self.c[j] + j * self.draft_step_s)
+            rate = expected / (self.c[j] + j * step)
             if rate > best:
                 best_k, best = j, rate
         return best_k
 
-    def _reach(self) -> int:
+    def _reach(self, source: str = "") -> int:
         """How far a draft could pay were every token right; until the longest pass has been
         timed, the curve there is only a prior (perhaps measured on a busy machine): all k."""
-        return self._best([1.0] * self.k) if self.c.timed(self.k + 1) else self.k
+        return self._best([1.0] * self.k, source) if self.c.timed(self.k + 1) else self.k
 
     def soon(self, source: str, passes: int) -> bool:
         # a source held short drafts again at its next try, no sooner than the passes it still
         # waits (its wait counts only the passes it is asked in)
-        if self.k <= 0 or self._best(self._acc(source)) > 0:
+        if self.k <= 0 or self._best(self._acc(source), source) > 0:
             return self.k > 0  # no drafting at all, or the source drafts now
-        if self._reach() == 0:
+        if self._reach(source) == 0:
             return False  # no draft could pay: never tried
         return self._every.get(source, self.probe_every) - self._wait.get(source, 0) <= passes
 
     def limit(self, source: str) -> int:
-        best = self._best(self._acc(source))
-        reach = self._reach()
+        best = self._best(self._acc(source), source)
+        reach = self._reach(source)
         if best >= reach:
             return best
         wait = self._wait.get(source, 0) + 1
@@ -336,8 +343,8 @@ class CostAware(FixedK):
             return len(draft.tokens)  # a try is verified whole
         acc = self._acc(draft.source)
         if not draft.conf:
-            return self._best(acc[:len(draft.tokens)])
-        return self._best([min(p, a) for p, a in zip(draft.conf, acc)])
+            return self._best(acc[:len(draft.tokens)], draft.source)
+        return self._best([min(p, a) for p, a in zip(draft.conf, acc)], draft.source)
 
     def update(self, drafted: int, accepted: int, source: str = "") -> None:
         acc = self._acc(source)
@@ -348,26 +355,31 @@ class CostAware(FixedK):
         if source in tried:
             length, before = tried[source]
             every = self._every.get(source, self.probe_every)
-            need = self._break_even(acc, length)
-            if self._best(acc) > before or acc[length - 1] >= 0.8 * need:
+            need = self._break_even(acc, length, source)
+            if self._best(acc, source) > before or acc[length - 1] >= 0.8 * need:
                 self._every[source] = self.probe_every  # it pays, or it nearly does: keep trying
             elif self.c.timed(drafted + 1):  # a try only counts once its pass length is timed
                 self._every[source] = min(2 * every, self.max_probe_every)
 
-    def _break_even(self, acc: list[float], n: int) -> float:
+    def _break_even(self, acc: list[float], n: int, source: str = "") -> float:
         """The acceptance the n-th draft needs for n drafts to pay as well as n - 1 (above 1:
         it never can at this verify cost)."""
-        expected, survive = 1.0, 1.0
+        expected, survive = 1.0 + self.others, 1.0
         for p in acc[:n - 1]:
             survive *= p
             expected += survive
-        longer = self.c[n] + n * self.draft_step_s
-        shorter = self.c[n - 1] + (n - 1) * self.draft_step_s
+        step = self._step(source)
+        longer = self.c[n] + n * step
+        shorter = self.c[n - 1] + (n - 1) * step
         return expected * (longer / shorter - 1.0) / max(survive, 1e-9)
 
-    def observe_draft_time(self, seconds: float, steps: int) -> None:
+    def observe_draft_time(self, seconds: float, steps: int, source: str = "") -> None:
+        """A draft of `steps` tokens from `source` took `seconds` (sources differ a lot: a
+        prompt lookup costs microseconds, a head step milliseconds)."""
         if steps:
-            self.draft_step_s += self.ema * (seconds / steps - self.draft_step_s)
+            per = seconds / steps
+            old = self.step_s.get(source)
+            self.step_s[source] = per if old is None else old + self.ema * (per - old)
 
     def observe_verify(self, n: int, seconds: float) -> None:
         self.c.observe(n, seconds)
@@ -401,6 +413,8 @@ def make_policy(name: str, k: int | None, engine=None, greedy: bool = True):
     if name == "cost":
         if engine is None:
             raise ValueError("the cost policy needs the target engine to measure verify cost")
+        if hasattr(engine, "cost_policy"):  # a slot of a batched engine (runtime/batching.py)
+            return engine.cost_policy(k, greedy)
         cost = measure_verify_cost(engine, k + 1, top_only=greedy)
         return CostAware(k, cost, acceptance_key=f"{cost.key}|{'greedy' if greedy else 'sampled'}")
     raise EdgespecError(f"unknown draft policy '{name}'; choose from {', '.join(POLICIES)}")

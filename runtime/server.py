@@ -5,14 +5,16 @@
 
 Endpoints: POST /v1/completions and /v1/chat/completions (streaming as server-sent events or
 not, the request fields of `SpeculativeLlama`), GET /v1/models, /health, /metrics (Prometheus
-text) and / (a chat page). One model holds one cache, so requests take turns: at most
-`max_queue` wait, more get 503. Errors are OpenAI-style JSON with the right status, never a
-traceback; a client that disconnects mid-stream frees the model at once.
+text) and / (a chat page). With `--parallel N` the target holds N sequences in one cache
+(runtime/batching.py): up to N requests generate at once, their drafts verified together in
+one batched decode per step; each request takes the free slot whose cache shares the longest
+prefix with its prompt. Past N, at most `max_queue` wait, more get 503. Errors are
+OpenAI-style JSON with the right status, never a traceback; a client that disconnects
+mid-stream frees its slot at once.
 """
 
 import asyncio
 import json
-import queue
 import threading
 import time
 from pathlib import Path
@@ -80,9 +82,11 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-def make_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 8):
-    """The FastAPI app serving `llm` (a SpeculativeLlama) under `model_name`. (No postponed
-    annotations in this module: FastAPI reads the handlers' `Request` annotation at runtime.)"""
+def make_app(llms, model_name: str, api_key: str | None = None, max_queue: int = 8,
+             batcher=None):
+    """The FastAPI app serving `llms` (a SpeculativeLlama, or one per slot of `batcher`)
+    under `model_name`. (No postponed annotations in this module: FastAPI reads the
+    handlers' `Request` annotation at runtime.)"""
     from fastapi import FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.concurrency import run_in_threadpool
@@ -90,8 +94,10 @@ def make_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 
 
     app = FastAPI(title="edgespec", docs_url=None, redoc_url=None)
     metrics = Metrics()
-    turn = threading.Lock()  # the model's one cache: one generation at a time
-    waiting = {"n": 0}
+    pool = list(llms) if isinstance(llms, (list, tuple)) else [llms]
+    llm = pool[0]  # tokenizer and context size (the same for every slot)
+    free = list(pool)  # slots with no request
+    waiting = {"n": 0}  # requests holding or waiting for a slot
     created = int(time.time())
 
     def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -137,25 +143,40 @@ def make_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 
         if ids_len >= llm.n_ctx():
             raise ApiError(413, f"the prompt is {ids_len} tokens; the context holds {llm.n_ctx()}")
 
-    count = threading.Lock()  # guards waiting["n"] (released from worker threads too)
+    count = threading.Lock()  # guards waiting and free (released from worker threads too)
 
-    async def acquire() -> None:
+    def busy() -> int:
+        return len(pool) - len(free)
+
+    def take(ids: list[int]):
+        """The free slot whose cache shares the longest prefix with `ids` (None: none free)."""
         with count:
-            if waiting["n"] >= max_queue + 1:
+            if not free:
+                return None
+            best = max(free, key=lambda s: _shared(s.engine.tokens, ids))
+            free.remove(best)
+            return best
+
+    async def acquire(ids: list[int]):
+        with count:
+            if waiting["n"] >= max_queue + len(pool):
                 raise ApiError(503, "the server is busy: too many requests waiting", "server_busy")
             waiting["n"] += 1
         try:
-            while not turn.acquire(blocking=False):
+            while (slot := take(ids)) is None:
                 await asyncio.sleep(0.005)
+            return slot
         except BaseException:
             with count:
                 waiting["n"] -= 1
             raise
 
-    def release() -> None:
+    def release(slot) -> None:
+        if batcher is not None:
+            batcher.deactivate(slot.engine.seq)
         with count:
             waiting["n"] -= 1
-        turn.release()
+            free.append(slot)
 
     def call(fn, kwargs):
         try:
@@ -165,40 +186,46 @@ def make_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 
         except (EdgespecError, TypeError, ValueError) as e:
             raise ApiError(400, one_line(e)) from None
 
-    def record(final: dict) -> None:
+    def record(slot, final: dict) -> None:
         sp = final.get("speculative") or {}
-        metrics.add(sp, llm.last_drafted_at, llm.last_accepted_at)
+        metrics.add(sp, slot.last_drafted_at, slot.last_accepted_at)
 
-    async def respond(fn, kwargs: dict):
+    async def respond(method: str, kwargs: dict, ids: list[int]):
         metrics.requests += 1
-        await acquire()
+        slot = await acquire(ids)
+        fn = getattr(slot, method)
         if not kwargs.get("stream"):
             try:
                 out = await run_in_threadpool(call, fn, kwargs)
             finally:
-                release()
-            record(out)
+                release(slot)
+            record(slot, out)
             return JSONResponse(out)
         try:
             chunks = await run_in_threadpool(call, fn, kwargs)
         except BaseException:
-            release()
+            release(slot)
             raise
         # A worker thread drives the generation and hands chunks over; when the client goes
-        # away the worker stops after the current step and frees the model.
-        out: queue.Queue = queue.Queue()
+        # away the worker stops after the current step and frees the slot.
+        out: asyncio.Queue = asyncio.Queue()  # filled from the worker through the event loop
+        loop = asyncio.get_running_loop()
         stop = threading.Event()
-        threading.Thread(target=_pump, args=(chunks, out, stop, release), daemon=True).start()
+
+        def put(item) -> None:
+            try:
+                loop.call_soon_threadsafe(out.put_nowait, item)
+            except RuntimeError:  # the loop has closed (shutdown): nobody is reading
+                stop.set()
+
+        threading.Thread(target=_pump, args=(chunks, put, stop, lambda: release(slot)),
+                         daemon=True).start()
 
         async def events():
             last = None
             try:
                 while True:
-                    try:
-                        kind, item = out.get_nowait()
-                    except queue.Empty:
-                        await asyncio.sleep(0.002)
-                        continue
+                    kind, item = await out.get()
                     if kind == "end":
                         break
                     if kind == "error":
@@ -209,7 +236,7 @@ def make_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 
                     yield f"data: {json.dumps(item)}\n\n"
                 yield "data: [DONE]\n\n"
                 if last is not None:
-                    record(last)
+                    record(slot, last)
             finally:
                 stop.set()
 
@@ -224,10 +251,9 @@ def make_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 
             if len(kw["prompt"]) != 1:
                 raise ApiError(400, "only one prompt per request is supported")
             kw["prompt"] = kw["prompt"][0]
-        n = len(kw["prompt"]) if isinstance(kw["prompt"], list) else len(
-            llm.tokenize(kw["prompt"].encode("utf-8", "replace")))
-        check_fits(n)
-        return await respond(llm.create_completion, kw)
+        ids = kw["prompt"] if isinstance(kw["prompt"], list) else llm.engine.tokenize(kw["prompt"])
+        check_fits(len(ids))
+        return await respond("create_completion", kw, ids)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -236,8 +262,9 @@ def make_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 
         if not isinstance(msgs, list) or not msgs or not all(
                 isinstance(m, dict) and isinstance(m.get("content"), str) for m in msgs):
             raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects")
-        check_fits(llm.chat_prompt_tokens(msgs))
-        return await respond(llm.create_chat_completion, kw)
+        ids = llm.chat_prompt_ids(msgs)
+        check_fits(len(ids))
+        return await respond("create_chat_completion", kw, ids)
 
     @app.get("/v1/models")
     async def models():
@@ -246,12 +273,12 @@ def make_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model_name, "busy": turn.locked(),
-                "queue": max(0, waiting["n"] - int(turn.locked()))}
+        return {"status": "ok", "model": model_name, "busy": busy() == len(pool),
+                "slots": len(pool), "slots_busy": busy(), "queue": max(0, waiting["n"] - busy())}
 
     @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.text(max(0, waiting["n"] - int(turn.locked()))))
+        return PlainTextResponse(metrics.text(max(0, waiting["n"] - busy())))
 
     @app.get("/")
     async def page():
@@ -260,29 +287,68 @@ def make_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 
     return app
 
 
-def _pump(chunks, out: queue.Queue, stop: threading.Event, release) -> None:
-    """Run a streaming generation in this thread, chunk by chunk, until it ends or `stop`."""
+def _pump(chunks, put, stop: threading.Event, release) -> None:
+    """Run a streaming generation in this thread, chunk by chunk, until it ends or `stop`;
+    `put` hands each (kind, item) to the response."""
     try:
         for chunk in chunks:
-            out.put(("chunk", chunk))
+            put(("chunk", chunk))
             if stop.is_set():
                 break
     except Exception as e:  # the stream has started: the error goes out as an event
-        out.put(("error", one_line(e)))
+        put(("error", one_line(e)))
     finally:
         chunks.close()
         release()
-        out.put(("end", None))
+        put(("end", None))
+
+
+def _shared(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def open_slots(target: str, draft: str | None, parallel: int, n_ctx: int, threads: int | None,
+               lm_head: str = "auto"):
+    """(one SpeculativeLlama per slot, the Batcher or None): `parallel` slots of n_ctx tokens
+    each on one llama.cpp context, their batch costs known before the first request."""
+    from edgespec.runtime.api import SpeculativeLlama
+
+    if parallel < 1:
+        raise EdgespecError(f"--parallel must be >= 1, got {parallel}")
+    if parallel == 1:
+        return [SpeculativeLlama(target, n_ctx=n_ctx, n_threads=threads, draft=draft,
+                                 lm_head=lm_head)], None
+    from edgespec.runtime.batching import Batcher
+    from edgespec.runtime.llama_target import LlamaTarget
+
+    if Path(str(target)).expanduser().is_dir():
+        raise EdgespecError("--parallel > 1 runs GGUF targets on llama.cpp; serve an ONNX "
+                            "target with --parallel 1")
+    engine = LlamaTarget(target, n_ctx=n_ctx * parallel, n_threads=threads, n_seq=parallel,
+                         lm_head=lm_head)
+    batcher = Batcher(engine, parallel)
+    llms = [SpeculativeLlama(batcher.slot(i), draft=draft) for i in range(parallel)]
+    if llms[0].drafter is not None:
+        batcher.prepare_cost(engine.draft_k, greedy=True)
+        batcher.prepare_cost(engine.draft_k_sampled, greedy=False)
+    else:
+        batcher.prepare_cost(0, greedy=True)
+        batcher.prepare_cost(0, greedy=False)
+    return llms, batcher
 
 
 def serve(target: str, draft: str | None = "default", host: str = "127.0.0.1", port: int = 8080,
           n_ctx: int = 4096, threads: int | None = None, api_key: str | None = None,
-          max_queue: int = 8, lm_head: str = "auto") -> None:
-    """Load the target and drafter, then serve until interrupted."""
+          max_queue: int = 8, lm_head: str = "auto", parallel: int = 1) -> None:
+    """Load the target and drafter, then serve until interrupted. n_ctx: per slot."""
     import uvicorn
 
-    from edgespec.runtime.api import SpeculativeLlama
-
-    llm = SpeculativeLlama(target, n_ctx=n_ctx, n_threads=threads, draft=draft, lm_head=lm_head)
-    app = make_app(llm, llm.engine.spec.name, api_key=api_key, max_queue=max_queue)
+    llms, batcher = open_slots(target, draft, parallel, n_ctx, threads, lm_head)
+    app = make_app(llms, llms[0].engine.spec.name, api_key=api_key, max_queue=max_queue,
+                   batcher=batcher)
     uvicorn.run(app, host=host, port=port, log_level="warning")

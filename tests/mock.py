@@ -161,3 +161,42 @@ def assert_joint_law(counts: dict, n: int, sp_kw: dict, grammar=None) -> None:
     chi2 = sum((o - e) ** 2 / e for o, e in cells)
     dof = len(cells) - 1
     assert chi2 < dof + 4.5 * np.sqrt(2 * dof), (chi2, dof)
+
+
+class MockMulti(MockTarget):
+    """MockTarget holding several sequences in one "cache", decoded in combined batches the
+    way runtime/batching.py drives LlamaTarget (decode_parts, seq_rollback, seq_clear); each
+    batch is recorded as [(seq, rows), ...]."""
+
+    n_batch = 512
+
+    def __init__(self, n_seq: int = 4, **kw):
+        super().__init__(**kw)
+        self.n_seq = n_seq
+        self.seqs: dict[int, list[int]] = {}
+        self.batches: list[list[tuple[int, int]]] = []
+
+    def decode_parts(self, parts):
+        out = []
+        for p in parts:
+            toks = self.seqs.setdefault(p.seq, [])
+            assert len(toks) == p.start, (p.seq, len(toks), p.start)
+            toks.extend(p.tokens)
+            if p.outputs == "none":
+                out.append((None, None, None))
+                continue
+            rows = range(len(p.tokens)) if p.outputs == "all" else [len(p.tokens) - 1]
+            logits = np.stack([self.logits_after(toks[:p.start + i + 1]) for i in rows]) \
+                if p.logits else None
+            hid = np.stack([self.proj[toks[p.start + i - 1] if p.start + i else 0, toks[p.start + i]]
+                            for i in range(len(p.tokens))]) if p.hidden else None
+            out.append((logits, hid, None))
+        self.batches.append([(p.seq, len(p.tokens)) for p in parts])
+        return out
+
+    def seq_rollback(self, seq: int, kept: list[int]) -> None:
+        assert self.seqs.get(seq, [])[:len(kept)] == list(kept)
+        self.seqs[seq] = list(kept)
+
+    def seq_clear(self, seq: int) -> None:
+        self.seqs[seq] = []

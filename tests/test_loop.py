@@ -21,7 +21,7 @@ class FixedCost(CostAware):
     def observe_verify(self, n, seconds):
         pass
 
-    def observe_draft_time(self, seconds, steps):
+    def observe_draft_time(self, seconds, steps, source=""):
         pass
 from test_targets import write_tiny_gguf
 

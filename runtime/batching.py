@@ -1,0 +1,341 @@
+"""Several generations on one target: one cache, one batched decode per step.
+
+    batcher = Batcher(LlamaTarget("gemma3-270m", n_ctx=4 * 2048, n_seq=4), n_slots=4)
+    slot = batcher.slot(0)        # a Target of its own: `Generation` runs on it unchanged
+
+Each slot is a view of the shared engine with its own sequence id, its own token list and
+its own share of the context. A slot's decode does not run at once: it waits until every
+slot that is generating has handed in its next decode (or `max_wait` passes), and the last
+one to arrive runs them all in one `decode_parts` call, so the drafts of every active request
+are verified in one batched pass (prompt prefills of requests that just arrived ride along).
+Rollbacks and resets of one sequence take the engine between batches.
+
+The cost policy of a slot (`SlotCostAware`) chooses its draft length from the measured cost of
+the whole batch: extending this slot's draft by one token adds a row to a pass every active
+request waits for, so it pays only if the tokens it is expected to add outweigh the time it
+adds for all of them. As more requests share the pass, drafting falls toward plain decoding.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+from edgespec.runtime.policies import CostAware, VerifyCost, cost_key, measure_verify_cost
+
+
+@dataclass
+class Part:
+    """One sequence's share of a batched decode."""
+
+    seq: int
+    start: int  # position of its first token
+    tokens: list[int]
+    outputs: str  # "none" (prompt prefill), "last", "all"
+    hidden: bool = False  # hidden states of every row wanted
+    logits: bool = True  # logits of the output rows wanted
+    top_only: bool = False  # only each row's argmax is read (the low-rank LM head may answer)
+
+
+class _Request:
+    __slots__ = ("part", "result", "error", "t")
+
+    def __init__(self, part: Part):
+        self.part, self.result, self.error, self.t = part, None, None, time.perf_counter()
+
+
+class Batcher:
+    """Combines the decodes of `n_slots` slots of one engine (see the module doc). The engine
+    needs `decode_parts(parts)`, `seq_rollback(seq, kept)`, `seq_clear(seq)` and `n_seq`."""
+
+    def __init__(self, engine, n_slots: int, max_wait: float = 0.05):
+        if n_slots < 1:
+            raise EdgespecError(f"--parallel must be >= 1, got {n_slots}")
+        if getattr(engine, "n_seq", 1) < n_slots:
+            raise EdgespecError(f"the engine holds {getattr(engine, 'n_seq', 1)} sequences, "
+                                f"not {n_slots}")
+        self.engine, self.n_slots, self.max_wait = engine, n_slots, max_wait
+        self.n_ctx = engine.n_ctx // n_slots  # each slot's share of the cells
+        self._cond = threading.Condition()
+        self._queue: dict[int, _Request] = {}
+        self._active: set[int] = set()
+        self._busy = False  # a batch (or a rollback) holds the engine
+        self._free_at = time.perf_counter()
+        self.last_rows: dict[int, int] = {}  # seq -> verify rows in the last batch
+        self.emitted: dict[int, float] = {}  # seq -> tokens it emits per pass (running mean)
+        self.batches = 0
+        self.rows = 0
+        self.decode_s = 0.0  # time the engine spent in batched decodes
+        # seconds of one batch of n verify rows, for greedy (True) and sampled verification
+        self.costs: dict[bool, VerifyCost] = {}
+        self.slots = [SlotTarget(self, i) for i in range(n_slots)]
+
+    def slot(self, i: int) -> SlotTarget:
+        return self.slots[i]
+
+    # -- who is generating ------------------------------------------------------------------
+    def activate(self, seq: int) -> None:
+        with self._cond:
+            self._active.add(seq)
+
+    def deactivate(self, seq: int) -> None:
+        """A slot's generation ended: the others stop waiting for it."""
+        with self._cond:
+            self._active.discard(seq)
+            self.last_rows.pop(seq, None)
+            self._cond.notify_all()
+
+    # -- batched decodes --------------------------------------------------------------------
+    def run(self, part: Part):
+        """Queue `part`, wait for its batch; (logits, hidden, candidates) as decode_parts gives."""
+        req = _Request(part)
+        with self._cond:
+            if part.seq in self._queue:
+                raise RuntimeError(f"slot {part.seq} queued two decodes at once")
+            self._queue[part.seq] = req
+            self._cond.notify_all()
+            while req.result is None and req.error is None:
+                if self._busy:
+                    self._cond.wait()
+                    continue
+                missing = self._active - set(self._queue)
+                oldest = min(r.t for r in self._queue.values())
+                due = max(oldest, self._free_at) + self.max_wait
+                now = time.perf_counter()
+                if missing and now < due:
+                    self._cond.wait(due - now)
+                    continue
+                self._lead()
+        if req.error is not None:
+            raise req.error
+        return req.result
+
+    def _lead(self) -> None:
+        """Run every queued part in one batch (called holding the condition; released while
+        the engine works)."""
+        batch = list(self._queue.values())
+        self._queue.clear()
+        self._busy = True
+        self._cond.release()
+        t0 = time.perf_counter()
+        try:
+            results = self.engine.decode_parts([r.part for r in batch])
+            error = None
+        except BaseException as e:  # every waiter gets it
+            results, error = None, e
+        dt = time.perf_counter() - t0
+        self._cond.acquire()
+        self._busy = False
+        self._free_at = time.perf_counter()
+        if error is None:
+            verify = [r.part for r in batch if r.part.outputs != "none" and r.part.logits]
+            kinds = {p.top_only for p in verify}
+            if len(verify) == len(batch) and len(kinds) == 1:  # a pure verify batch: timed
+                cost = self.costs.get(kinds.pop())
+                if cost is not None:
+                    cost.observe(sum(len(p.tokens) for p in verify), dt)
+            self.last_rows = {p.seq: len(p.tokens) for p in verify}
+            self.batches += 1
+            self.decode_s += dt
+            self.rows += sum(len(r.part.tokens) for r in batch)
+        for i, r in enumerate(batch):
+            if error is None:
+                r.result = results[i]
+            else:
+                r.error = error
+        self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self):
+        """The engine to oneself between batches (rollbacks, resets)."""
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
+            self._busy = True
+        try:
+            yield self.engine
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    # -- the cost of a batch -----------------------------------------------------------------
+    def prepare_cost(self, k: int, greedy: bool = True, seq: int = 0) -> VerifyCost:
+        """The batch cost curve for up to n_slots * (k + 1) rows: the single-sequence
+        verify-cost curve (stored, else measured on slot `seq`: call it before serving, when
+        the batch is quiet), extended along its slope, then learned from every batch."""
+        rows = self.n_slots * (k + 1)
+        cost = self.costs.get(greedy)
+        if cost is None or len(cost) < rows:
+            base = list(measure_verify_cost(self.slot(seq), k + 1, top_only=greedy).curve[:k + 1])
+            self.deactivate(seq)  # measuring prefilled it; its generation (if any) starts later
+            slope = max(0.0, (base[-1] - base[0]) / max(1, len(base) - 1))
+            prior = base + [base[-1] + slope * (n - len(base)) for n in range(len(base) + 1, rows + 1)]
+            self.costs[greedy] = cost = VerifyCost(prior)
+        return cost
+
+    def others(self, seq: int) -> tuple[int, float]:
+        """(rows, tokens emitted per pass) of the other requests in the last batch."""
+        with self._cond:
+            rows = sum(n for s, n in self.last_rows.items() if s != seq)
+            made = sum(self.emitted.get(s, 1.0) for s in self.last_rows if s != seq)
+        return rows, made
+
+    def note_emitted(self, seq: int, n: int, ema: float = 0.2) -> None:
+        e = self.emitted.get(seq, float(n))
+        self.emitted[seq] = e + ema * (n - e)
+
+
+class _SlotCostView:
+    """A slot's view of the batch cost: c[n - 1] = the cost of a batch with this slot's n rows
+    next to the other requests' rows of the last batch."""
+
+    key = None  # nothing stored: the shared curve is learned per server run
+
+    def __init__(self, cost: VerifyCost, k: int):
+        self.cost, self.k = cost, k
+        self.offset = 0
+
+    def __len__(self) -> int:
+        return self.k + 1
+
+    def __getitem__(self, i: int) -> float:
+        return self.cost[min(self.offset + i, len(self.cost) - 1)]
+
+    def timed(self, n: int) -> bool:
+        return self.cost.timed(min(self.offset + n, len(self.cost)))
+
+    def observe(self, n: int, seconds: float) -> None:
+        pass  # the batcher times whole batches; a slot's own wait says nothing
+
+    def learned(self) -> list[float]:
+        return []
+
+
+class SlotCostAware(CostAware):
+    """The cost policy of one slot: maximise the tokens per second of the whole batch, this
+    slot's draft length given the others' (see the module doc)."""
+
+    def __init__(self, batcher: Batcher, seq: int, k: int, greedy: bool):
+        self.view = _SlotCostView(batcher.prepare_cost(k, greedy, seq), k)
+        key = f"{cost_key(batcher.slot(seq), greedy)}|{'greedy' if greedy else 'sampled'}"
+        super().__init__(k, self.view, acceptance_key=key)
+        self.batcher, self.seq = batcher, seq
+
+    def next_k(self) -> int:
+        rows, made = self.batcher.others(self.seq)
+        self.view.offset, self.others = rows, made
+        return super().next_k()
+
+    def update(self, drafted: int, accepted: int, source: str = "") -> None:
+        super().update(drafted, accepted, source)
+        self.batcher.note_emitted(self.seq, accepted + 1)
+
+
+class SlotTarget:
+    """One slot of a Batcher: the Target protocol over sequence `seq` of the shared engine."""
+
+    def __init__(self, batcher: Batcher, seq: int):
+        eng = batcher.engine
+        self.batcher, self.seq, self.engine_ = batcher, seq, eng
+        self.spec, self.engine, self.version = eng.spec, eng.engine, eng.version
+        self.model_file, self.lowrank = eng.model_file, eng.lowrank
+        self.n_threads, self.n_batch = eng.n_threads, eng.n_batch
+        self.draft_k, self.draft_k_sampled = eng.draft_k, eng.draft_k_sampled
+        self.n_ctx = batcher.n_ctx
+        self.tokens: list[int] = []
+        self.feature_layers: tuple[int, ...] = ()
+        head = getattr(eng, "lowrank_head", None)
+        # this slot's exact-logit rows (one reused buffer each: valid until its next decode)
+        self._top = None
+        if head is not None:
+            from edgespec.runtime.lowrank import TopRows
+
+            self._top = TopRows(head.top.rows, head.n_vocab, q8_x=head.top.q8_x)
+
+    # the tokenizer is the engine's
+    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:
+        return self.engine_.tokenize(text, add_bos, special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.engine_.token_bytes(token)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return self.engine_.is_eog(token)
+
+    def describe_lm_head(self, greedy: bool = True) -> str:
+        return self.engine_.describe_lm_head(greedy)
+
+    def hidden_free(self, top_only: bool) -> bool:
+        free = getattr(self.engine_, "hidden_free", None)
+        return bool(free and free(top_only))
+
+    def set_feature_layers(self, layers: tuple[int, ...] = ()) -> None:
+        if tuple(layers):
+            raise EdgespecError("heads that read the target's layer inputs (EAGLE-3) run one "
+                                "request at a time; serve them with --parallel 1")
+
+    def cost_policy(self, k: int, greedy: bool) -> SlotCostAware:
+        return SlotCostAware(self.batcher, self.seq, k, greedy)
+
+    # -- the cache ---------------------------------------------------------------------------
+    def _room(self, n: int) -> None:
+        if len(self.tokens) + n > self.n_ctx:
+            raise EdgespecError(f"context is full ({self.n_ctx} tokens per slot); use a larger "
+                                "n_ctx or a shorter prompt")
+
+    def _run(self, tokens: list[int], outputs: str, hidden: bool = False, logits: bool = True,
+             top_only: bool = False):
+        self._room(len(tokens))
+        out = self.batcher.run(Part(self.seq, len(self.tokens), list(tokens), outputs, hidden,
+                                    logits, top_only))
+        self.tokens.extend(tokens)
+        return out
+
+    def prefill(self, tokens: list[int]) -> None:
+        """A generation starts here (`Generation._prefill`): from now on every batch waits
+        for this slot's decodes, until the server's `Batcher.deactivate`."""
+        self.batcher.activate(self.seq)
+        for s in range(0, len(tokens), self.n_batch):
+            self._run(tokens[s:s + self.n_batch], "none", logits=False)
+
+    def hidden_states(self, tokens: list[int]) -> np.ndarray:
+        out = [self._run(tokens[s:s + self.n_batch], "all", hidden=True, logits=False)[1]
+               for s in range(0, len(tokens), self.n_batch)]
+        return np.concatenate(out) if out else np.empty((0, self.spec.n_embd), np.float32)
+
+    def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True,
+               copy: bool = True, top_only: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        if not tokens:
+            raise ValueError("decode needs at least one token")
+        if len(tokens) > self.n_batch:
+            raise ValueError(f"decode takes at most n_batch={self.n_batch} tokens")
+        every = all_logits or hidden
+        logits, hid, cand = self._run(tokens, "all" if every else "last", hidden, True, top_only)
+        if logits is None:  # the low-rank LM head: exact logits at this slot's candidates
+            logits = self._top(cand, hid)
+        return logits, (hid if hidden else None)
+
+    def truncate(self, n: int) -> None:
+        if n >= len(self.tokens):
+            return
+        kept = self.tokens[:n]
+        with self.batcher.exclusive() as eng:
+            eng.seq_rollback(self.seq, kept)
+        self.tokens = kept
+
+    def reset(self) -> None:
+        with self.batcher.exclusive() as eng:
+            eng.seq_clear(self.seq)
+        self.tokens = []
+
+    def close(self) -> None:
+        pass  # the engine belongs to the batcher's owner

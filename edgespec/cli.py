@@ -240,7 +240,8 @@ def _cmd_bench_serve(args) -> int:
     if args.json:
         b.ensure_new(args.json)
     report = bench_serve(args.target, prompts, clients, servers, per_client=args.requests_per_client,
-                         max_tokens=args.max_tokens, n_ctx=args.n_ctx, threads=args.threads)
+                         max_tokens=args.max_tokens, n_ctx=args.n_ctx, threads=args.threads,
+                         rounds=args.rounds)
     print(format_serve(report))
     if args.json:
         b.write_report(report, args.json)
@@ -432,7 +433,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--servers", default="edgespec,edgespec:none,llama-server,llama-server:ngram-mod",
                    help="comma-separated: edgespec, edgespec:none, llama-server, "
                         "llama-server:ngram-simple|ngram-mod|ngram-map-k")
-    s.add_argument("--requests-per-client", type=_positive_int, default=4)
+    s.add_argument("--requests-per-client", type=_positive_int, default=2,
+                   help="requests each client sends in turn, per round")
+    s.add_argument("--rounds", type=_positive_int, default=2,
+                   help="passes over every client count, the servers' order reversed each time")
     s.add_argument("--max-tokens", type=_positive_int, default=64)
     s.add_argument("--n-ctx", type=_positive_int, default=2048, help="context per sequence")
     s.add_argument("--threads", type=_positive_int, default=None)

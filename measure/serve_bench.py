@@ -2,9 +2,11 @@
 
     edgespec bench-serve --target gemma3-270m --clients 1,2,4,8 --json results/serve.json
 
-Each server is started fresh on a free local port and loaded with 1, 2, 4, ... clients at once;
-each client sends its share of the bench prompts one after another (streamed; prompt tokens as
-every server gets them; greedy; the same new-token budget). Per server and client count: total
+Every server is started on a free local port (all at once: an idle server takes no CPU) and
+loaded with 1, 2, 4, ... clients at once, interleaved: at each client count each server in
+turn, the order reversed in alternate rounds. Each client sends its share of the bench prompts
+one after another (streamed; prompt tokens as every server gets them; greedy; the same
+new-token budget). Per server and client count: total
 generated tokens over the wall time of that phase (total tok/s), time to first token (p50, p95)
 and each request's own generation speed (tokens over the time from its first token to its last,
 median). Servers (N = the most clients): `edgespec serve --parallel N` with the default drafter
@@ -112,6 +114,8 @@ def _start(kind: str, target_arg: str, model_file: Path, n_ctx: int, threads: in
 
 def _phase(server: _Server, prompts: list[list[int]], clients: int, per_client: int,
            max_tokens: int) -> dict:
+    """`clients` streaming clients at once, each sending `per_client` requests in turn: the
+    requests' timings and the phase's wall time."""
     rows: list[dict] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -137,9 +141,18 @@ def _phase(server: _Server, prompts: list[list[int]], clients: int, per_client: 
     wall = time.perf_counter() - t0
     if errors:
         raise EdgespecError(f"{server.name}, {clients} clients: {errors[0]}")
-    tokens = sum(r["tokens"] for r in rows)
+    return {"rows": rows, "wall_s": wall}
+
+
+def _summary(clients: int, phases: list[dict]) -> dict:
+    """One server at one client count over its rounds: total tokens over total wall time,
+    TTFT percentiles and the median request speed over every request."""
+    rows = [r for p in phases for r in p["rows"]]
+    tokens, wall = sum(r["tokens"] for r in rows), sum(p["wall_s"] for p in phases)
     return {"clients": clients, "requests": len(rows), "tokens": tokens, "wall_s": round(wall, 3),
             "total_tok_s": round(tokens / wall, 3),
+            "total_tok_s_by_round": [round(sum(r["tokens"] for r in p["rows"]) / p["wall_s"], 3)
+                                     for p in phases],
             "ttft_p50_ms": round(1000 * statistics.median(r["ttft_s"] for r in rows), 2),
             "ttft_p95_ms": round(1000 * _pct([r["ttft_s"] for r in rows], 0.95), 2),
             "request_tok_s_median": round(statistics.median(r["gen_tok_s"] for r in rows), 3)}
@@ -147,12 +160,14 @@ def _phase(server: _Server, prompts: list[list[int]], clients: int, per_client: 
 
 def bench_serve(target: str, prompts: list[dict], clients: list[int], servers: list[str],
                 per_client: int = 2, max_tokens: int = 64, n_ctx: int = 2048,
-                threads: int | None = None) -> dict:
+                threads: int | None = None, rounds: int = 2) -> dict:
     from edgespec.measure.bench import machine_info, prompt_ids
     from edgespec.runtime.generate import open_target
 
     if not clients or min(clients) < 1:
         raise EdgespecError("--clients needs positive counts, e.g. 1,2,4,8")
+    if rounds < 1:
+        raise EdgespecError(f"--rounds must be >= 1, got {rounds}")
     eng = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head="full")
     if eng.engine != "llama.cpp":
         raise EdgespecError("bench-serve runs GGUF targets")
@@ -160,16 +175,28 @@ def bench_serve(target: str, prompts: list[dict], clients: list[int], servers: l
     model_file, n_threads, name = eng.model_file, eng.n_threads, eng.spec.name
     warm = eng.tokenize("Warm-up: the quick brown fox jumps over the lazy dog.")
     eng.close()
-    out = {}
-    for kind in servers:
-        srv = _start(kind, target, model_file, n_ctx, n_threads, max(clients))
-        try:
-            srv.request(warm, 16)
-            out[kind] = [_phase(srv, ids, c, per_client, max_tokens) for c in clients]
-        finally:
+    started: dict[str, _Server] = {}
+    raw: dict[str, dict[int, list[dict]]] = {k: {c: [] for c in clients} for k in servers}
+    try:
+        for kind in servers:  # every server up (idle ones take no CPU), each warmed once
+            started[kind] = _start(kind, target, model_file, n_ctx, n_threads, max(clients))
+            started[kind].request(warm, 16)
+        # interleaved: at each client count every server in turn, the order reversed in
+        # alternate rounds, so a machine that gets busier or quieter meets them all alike
+        for r in range(rounds):
+            for i, c in enumerate(clients):
+                for kind in (servers if (r + i) % 2 == 0 else servers[::-1]):
+                    raw[kind][c].append(_phase(started[kind], ids, c, per_client, max_tokens))
+    finally:
+        for srv in started.values():
             srv.close()
+    commands = {k: [Path(c).name if i == 0 else c for i, c in enumerate(srv.cmd)]
+                for k, srv in started.items()}
+    out = {k: [_summary(c, raw[k][c]) for c in clients] for k in servers}
     return {"target": {"name": name, "file": Path(model_file).name}, "servers": out,
-            "settings": {"clients": clients, "requests_per_client": per_client, "max_tokens": max_tokens,
+            "commands": commands,
+            "settings": {"clients": clients, "slots": max(clients), "requests_per_client": per_client,
+                         "rounds": rounds, "max_tokens": max_tokens,
                          "n_ctx_per_slot": n_ctx, "prompts": len(prompts), "temperature": 0.0},
             "machine": machine_info(n_threads)}
 

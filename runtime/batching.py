@@ -71,6 +71,9 @@ class Batcher:
         self.batches = 0
         self.rows = 0
         self.decode_s = 0.0  # time the engine spent in batched decodes
+        self._last_step = None  # the last batch, if a pure verify batch: (start, rows, greedy, active)
+        self._drafting = 0.0  # seconds slots spent drafting since the last batch started
+        self.step_s: dict[str, float] = {}  # per draft source, seconds per draft step (shared)
         # seconds of one batch of n verify rows, for greedy (True) and sampled verification
         self.costs: dict[bool, VerifyCost] = {}
         self.slots = [SlotTarget(self, i) for i in range(n_slots)]
@@ -121,8 +124,9 @@ class Batcher:
         batch = list(self._queue.values())
         self._queue.clear()
         self._busy = True
-        self._cond.release()
         t0 = time.perf_counter()
+        self._time_step(t0)
+        self._cond.release()
         try:
             results = self.engine.decode_parts([r.part for r in batch])
             error = None
@@ -135,10 +139,9 @@ class Batcher:
         if error is None:
             verify = [r.part for r in batch if r.part.outputs != "none" and r.part.logits]
             kinds = {p.top_only for p in verify}
-            if len(verify) == len(batch) and len(kinds) == 1:  # a pure verify batch: timed
-                cost = self.costs.get(kinds.pop())
-                if cost is not None:
-                    cost.observe(sum(len(p.tokens) for p in verify), dt)
+            # a pure verify batch is timed as a step (see `_time_step`)
+            self._last_step = ((t0, sum(len(p.tokens) for p in verify), kinds.pop(), frozenset(self._active))
+                          if len(verify) == len(batch) and len(kinds) == 1 else None)
             self.last_rows = {p.seq: len(p.tokens) for p in verify}
             self.batches += 1
             self.decode_s += dt
@@ -149,6 +152,29 @@ class Batcher:
             else:
                 r.error = error
         self._cond.notify_all()
+
+    def _time_step(self, now: float) -> None:
+        """The cost of a step of n verify rows is what every request waits for: the batched
+        decode, then each slot's work on its rows (acceptance, exact logits, emitting), from
+        the start of one batch to the start of the next, less the time slots spent drafting
+        (the cost policy counts that per draft token). Only steps whose set of generating
+        slots did not change count (a request that arrives or leaves is not a row cost)."""
+        step, self._last_step = self._last_step, None
+        drafting, self._drafting = self._drafting, 0.0
+        if step is None or step[3] != frozenset(self._active):
+            return
+        cost = self.costs.get(step[2])
+        if cost is not None:
+            cost.observe(step[1], max(1e-6, now - step[0] - drafting))
+
+    def note_draft(self, source: str, seconds: float, steps: int, ema: float = 0.2) -> None:
+        """A slot drafted `steps` tokens from `source` in `seconds` (shared by every slot and
+        request: a new request starts from what the others measured)."""
+        with self._cond:
+            self._drafting += seconds
+            if steps:
+                per, old = seconds / steps, self.step_s.get(source)
+                self.step_s[source] = per if old is None else old + ema * (per - old)
 
     @contextmanager
     def exclusive(self):
@@ -180,10 +206,12 @@ class Batcher:
         return cost
 
     def others(self, seq: int) -> tuple[int, float]:
-        """(rows, tokens emitted per pass) of the other requests in the last batch."""
+        """(rows, tokens emitted per pass) of the other generating requests: their rows in
+        the last batch (1 for one that has not verified yet) and their running mean."""
         with self._cond:
-            rows = sum(n for s, n in self.last_rows.items() if s != seq)
-            made = sum(self.emitted.get(s, 1.0) for s in self.last_rows if s != seq)
+            rest = [s for s in self._active if s != seq]
+            rows = sum(self.last_rows.get(s, 1) for s in rest)
+            made = sum(self.emitted.get(s, 1.0) for s in rest)
         return rows, made
 
     def note_emitted(self, seq: int, n: int, ema: float = 0.2) -> None:
@@ -235,6 +263,16 @@ class SlotCostAware(CostAware):
     def update(self, drafted: int, accepted: int, source: str = "") -> None:
         super().update(drafted, accepted, source)
         self.batcher.note_emitted(self.seq, accepted + 1)
+
+    def _step(self, source: str) -> float:
+        return self.batcher.step_s.get(source, self.draft_step_s)
+
+    def _probe_every(self, source: str) -> int:
+        # a try lengthens a pass every other request waits for: tried that much more rarely
+        return super()._probe_every(source) * (1 + round(self.others))
+
+    def observe_draft_time(self, seconds: float, steps: int, source: str = "") -> None:
+        self.batcher.note_draft(source, seconds, steps)
 
 
 class SlotTarget:

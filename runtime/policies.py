@@ -323,7 +323,11 @@ class CostAware(FixedK):
             return self.k > 0  # no drafting at all, or the source drafts now
         if self._reach(source) == 0:
             return False  # no draft could pay: never tried
-        return self._every.get(source, self.probe_every) - self._wait.get(source, 0) <= passes
+        return self._probe_every(source) - self._wait.get(source, 0) <= passes
+
+    def _probe_every(self, source: str) -> int:
+        """Passes between tries of a source held short."""
+        return self._every.get(source, self.probe_every)
 
     def limit(self, source: str) -> int:
         best = self._best(self._acc(source), source)
@@ -331,7 +335,7 @@ class CostAware(FixedK):
         if best >= reach:
             return best
         wait = self._wait.get(source, 0) + 1
-        if wait < self._every.get(source, self.probe_every):
+        if wait < self._probe_every(source):
             self._wait[source] = wait
             return best
         self._wait[source] = 0

@@ -278,7 +278,14 @@ def make_app(llms, model_name: str, api_key: str | None = None, max_queue: int =
 
     @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.text(max(0, waiting["n"] - busy())))
+        text = metrics.text(max(0, waiting["n"] - busy()))
+        text += (f"# TYPE edgespec_slots gauge\nedgespec_slots {len(pool)}\n"
+                 f"# TYPE edgespec_slots_busy gauge\nedgespec_slots_busy {busy()}\n")
+        if batcher is not None:
+            rows = batcher.rows / batcher.batches if batcher.batches else 0.0
+            text += (f"# TYPE edgespec_batches_total counter\nedgespec_batches_total {batcher.batches}\n"
+                     f"# TYPE edgespec_rows_per_batch gauge\nedgespec_rows_per_batch {rows:.3f}\n")
+        return PlainTextResponse(text)
 
     @app.get("/")
     async def page():

@@ -110,14 +110,17 @@ def bench_table(path: Path) -> str:
 def serve_table(path: Path) -> str:
     r = json.loads(path.read_text())
     st, m0 = r["settings"], r["machine"]
-    rows = [[name, p["clients"], p["requests"], f"{p['total_tok_s']:.1f}", f"{p['ttft_p50_ms']:.0f}",
-             f"{p['ttft_p95_ms']:.0f}", f"{p['request_tok_s_median']:.1f}"]
+    ref = {p["clients"]: p["total_tok_s"] for p in r["servers"].get("llama-server", [])}
+    rows = [[name, p["clients"], p["requests"], f"{p['total_tok_s']:.1f}",
+             f"{p['total_tok_s'] / ref[p['clients']]:.2f}x" if ref.get(p["clients"]) else "-",
+             f"{p['ttft_p50_ms']:.0f}", f"{p['ttft_p95_ms']:.0f}", f"{p['request_tok_s_median']:.1f}"]
             for name, phases in r["servers"].items() for p in phases]
+    slots = f"; every server with {st['slots']} slots" if "slots" in st else ""
     return table(f"`{path.relative_to(ROOT)}` (`edgespec bench-serve`): target `{r['target']['file']}`, "
                  f"greedy, {st['max_tokens']} new tokens per request, {st['requests_per_client']} "
-                 f"requests per client, streamed; {m0['cpu']}, {m0['threads']} threads.",
-                 ["server", "clients", "requests", "total tok/s", "TTFT p50 ms", "TTFT p95 ms",
-                  "request tok/s (median)"], rows)
+                 f"requests per client, streamed{slots}; {m0['cpu']}, {m0['threads']} threads.",
+                 ["server", "clients", "requests", "total tok/s", "vs llama-server", "TTFT p50 ms",
+                  "TTFT p95 ms", "request tok/s (median)"], rows)
 
 
 def eagle3_export_table(path: Path) -> str:

@@ -100,9 +100,11 @@ def test_slot_cost_policy_drafts_less_as_the_batch_fills():
     # token pays alone, but next to seven other requests it slows all eight
     b.costs[True] = VerifyCost([0.010 + 0.006 * n for n in range(1, 8 * 5 + 1)])
     p = SlotCostAware(b, 0, 4, greedy=True)
-    p.step_s["head"] = 0.0005
+    b.step_s["head"] = 0.0005
     p.accs["head"] = [0.8] * 4  # a head right 80% of the time at each position
     assert p.next_k() == 4 and p.limit("head") >= 2  # alone: draft
+    for s in range(1, 8):  # seven other requests generating, one row and token each a pass
+        b.activate(s)
     b.last_rows = {s: 1 for s in range(1, 8)}
     b.emitted = {s: 1.0 for s in range(1, 8)}
     p.next_k()

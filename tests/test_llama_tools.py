@@ -99,10 +99,12 @@ def test_bench_serve_loads_edgespec_and_llama_server_with_concurrent_clients(tmp
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rep = json.loads(out.read_text())
     assert list(rep["servers"]) == ["edgespec", "llama-server"]
+    assert rep["commands"]["edgespec"][-2:] == ["--parallel", "2"] and rep["settings"]["slots"] == 2
     for phases in rep["servers"].values():
         assert [p["clients"] for p in phases] == [1, 2]
-        assert [p["requests"] for p in phases] == [1, 2]
+        assert [p["requests"] for p in phases] == [2, 4]  # 2 rounds, interleaved
         for p in phases:
+            assert len(p["total_tok_s_by_round"]) == 2
             assert 0 < p["tokens"] <= 12 * p["requests"] and p["total_tok_s"] > 0
             assert 0 < p["ttft_p50_ms"] <= p["ttft_p95_ms"]
     bad = subprocess.run([sys.executable, "-m", "edgespec", "bench-serve", "--target", "smollm2-135m",

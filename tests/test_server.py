@@ -242,6 +242,10 @@ def test_parallel_slots_stream_concurrently_what_each_request_gets_alone():
         assert max(len(b) for b in eng.batches) >= 2  # requests shared batched decodes
         health = json.loads(http(srv, "GET", "/health")[1])
         assert health["slots"] == 4 and health["slots_busy"] == 0
+        metrics = http(srv, "GET", "/metrics")[1]
+        rows = next(float(line.split()[1]) for line in metrics.splitlines()
+                    if line.startswith("edgespec_rows_per_batch "))
+        assert "edgespec_slots 4" in metrics and rows > 1
         # a repeated prompt goes to the slot that holds it: its prefill is reused
         status, body = http(srv, "POST", "/v1/completions",
                             {"prompt": "hellohello", "max_tokens": 4, "temperature": 0})

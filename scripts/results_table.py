@@ -123,6 +123,22 @@ def serve_table(path: Path) -> str:
                   "TTFT p95 ms", "request tok/s (median)"], rows)
 
 
+def parallel_agreement_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    m0 = r["machine"]
+    rows = [[d, f"{x['identical']} of {x['of']}",
+             "-" if x["first_difference_median"] is None else x["first_difference_median"],
+             f"{x['target_argmax_share_mean']:.4f}", f"{x['target_argmax_share_min']:.4f}",
+             f"{x['rows_per_batch']:.2f}"] for d, x in r["drafts"].items()]
+    return table(f"`{path.relative_to(ROOT)}` (`scripts/parallel_agreement.py`): {r['target']}, the "
+                 f"first {r['prompts']} bench prompts, greedy, {r['max_tokens']} new tokens, alone and "
+                 f"then {r['slots']} at a time on `--parallel {r['slots']}` slots; {m0['cpu']}, "
+                 f"{m0['threads']} threads.",
+                 ["drafter", "replies identical to alone", "first difference (median token)",
+                  "target argmax share, mean", "target argmax share, lowest reply", "rows per batch"],
+                 rows)
+
+
 def eagle3_export_table(path: Path) -> str:
     r = json.loads(path.read_text())
     c, t, e = r["check"], r["train"], r["eval_head"]
@@ -255,6 +271,7 @@ def render() -> str:
                                 ("lowrank-basis-*.json", lowrank_basis_table),
                                 ("export-onnx-target-*.json", onnx_target_table),
                                 ("bench-*.json", bench_table), ("serve-*.json", serve_table),
+                                ("parallel-agreement-*.json", parallel_agreement_table),
                                 ("export-eagle3-*.json", eagle3_export_table),
                                 ("eagle3-check-*.json", eagle3_check_table)):
         parts += [render_one(p) for p in sorted((ROOT / "results").glob(pattern))]

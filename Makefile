@@ -6,7 +6,7 @@ STAMP := $(VENV)/.edgespec-installed
 # llama-cpp-python compiles llama.cpp; pip caches the built wheel for the next run.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: setup demo test test-fast llama-tools browser clean
+.PHONY: setup demo test test-fast llama-tools browser speculators clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,19 @@ demo: setup
 llama-tools: setup
 	scripts/build_llama_tools.sh $(BIN)/python
 
+# vLLM's `speculators` library (the format `edgespec export speculators` writes), in a venv of
+# its own: its pins (transformers <= 5.19) differ from edgespec's. Its torchvision/torchaudio
+# wheels do not load with this CPU torch and nothing here needs them: removed.
+SPEC_VENV := .venv-speculators
+$(SPEC_VENV)/.installed:
+	$(PYTHON) -m venv $(SPEC_VENV)
+	$(SPEC_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SPEC_VENV)/bin/python -m pip install --quiet "speculators==0.9.0" "torch==2.13.0"
+	$(SPEC_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio
+	touch $@
+
+speculators: $(SPEC_VENV)/.installed
+
 # Headless Chromium for the chat page's browser test (Debian's `chromium`), from the system's
 # package manager where this user may use it; without it that one test is skipped, saying so.
 browser:
@@ -37,12 +50,13 @@ browser:
 
 # Everything: unit tests and the integration tests on the real Gemma 3 270M and SmolLM2, and the
 # tests that run the stock llama.cpp tools (built first, once).
-test: llama-tools browser
-	EDGESPEC_LLAMA_TOOLS="$$(scripts/build_llama_tools.sh $(BIN)/python)" $(BIN)/python -m pytest tests
+test: llama-tools browser speculators
+	EDGESPEC_LLAMA_TOOLS="$$(scripts/build_llama_tools.sh $(BIN)/python)" \
+	  EDGESPEC_SPECULATORS_PYTHON="$(CURDIR)/$(SPEC_VENV)/bin/python" $(BIN)/python -m pytest tests
 
 # The everyday tier: mock targets, tiny GGUF files and tiny heads only (well under 2 minutes).
 test-fast: setup
 	$(BIN)/python -m pytest tests -m "not integration"
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(SPEC_VENV) build *.egg-info

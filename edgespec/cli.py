@@ -314,6 +314,15 @@ def _cmd_export(args) -> int:
         r = write_eagle3_gguf(args.source, args.out, quant=args.quant or "q8_0")
         if args.check:
             r["check"] = check_eagle3_export(args.source, args.out, args.features)
+    elif args.kind == "speculators":
+        from edgespec.exporters.speculators import check_speculators_export, write_speculators
+
+        if args.check and not args.features:
+            raise EdgespecError("--check needs --features DIR (held-out features with --layers)")
+        r = write_speculators(args.source, args.out, verifier=args.verifier,
+                              dtype=args.dtype or "float32")
+        if args.check:
+            r["check"] = check_speculators_export(args.source, args.out, args.features)
     elif args.kind in ("gguf", "onnx"):
         from edgespec.exporters.check import check_head_export
 
@@ -482,15 +491,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_bench)
 
     s = sub.add_parser("export", help="export a head (gguf, onnx; an EAGLE-3 head for stock "
-                       "llama.cpp: llama-cpp), a verify-friendly target (target, "
-                       "onnx-target) or a low-rank LM head basis (lowrank-basis)")
-    s.add_argument("kind", choices=["gguf", "onnx", "llama-cpp", "target", "onnx-target",
-                                    "lowrank-basis"])
+                       "llama.cpp: llama-cpp, for vLLM: speculators), a verify-friendly target "
+                       "(target, onnx-target) or a low-rank LM head basis (lowrank-basis)")
+    s.add_argument("kind", choices=["gguf", "onnx", "llama-cpp", "speculators", "target",
+                                    "onnx-target", "lowrank-basis"])
     s.add_argument("source", help="head checkpoint folder, or a target for `target`")
     s.add_argument("--out", required=True)
     s.add_argument("--quant", default=None, help="gguf: f16, q8_0 (default), q4_0; llama-cpp: f16, "
                    "q8_0 (default); onnx, onnx-target: fp32, int8 (default), int4")
     s.add_argument("--head-type", default="Q4_0", help="target: LM head tensor type")
+    s.add_argument("--verifier", default=None,
+                   help="speculators: the target's Hugging Face id or path for vLLM (default: "
+                        "the repository the target's GGUF names, else its name)")
+    s.add_argument("--dtype", default=None, choices=["float32", "float16"],
+                   help="speculators: weight type (default float32)")
     s.add_argument("--mode", default="untie", choices=["untie", "requantize"],
                    help="target: add a separate LM head (default) or re-quantize the tied one")
     s.add_argument("--lm-head", default="lowrank", choices=["lowrank", "full"],

@@ -72,6 +72,26 @@ def _copy_tokenizer(writer, target_path: str) -> int:
     return n
 
 
+def read_eagle3_checkpoint(ckpt: str | Path, mtp_hint: str):
+    """(meta, config, target spec, weights without the draft ids, draft ids) of an EAGLE-3
+    checkpoint, its target and draft vocabulary checked; `mtp_hint`: what to say to one who
+    passed an MTP head instead."""
+    from edgespec.targets import KNOWN_TARGETS, load_target_spec
+
+    meta, weights = read_checkpoint(ckpt)
+    if head_arch(meta["head"]) != "eagle3":
+        raise EdgespecError(f"{ckpt} is not an EAGLE-3 head (train one with --arch eagle3); {mtp_hint}")
+    c = Eagle3Config.from_dict(meta["head"])
+    spec = load_target_spec(meta["target"] if meta["target"] in KNOWN_TARGETS else meta["target_path"])
+    if spec.tokenizer_fingerprint != meta["target_fingerprint"]:
+        raise EdgespecError(f"target {meta['target']} does not match the head's fingerprint")
+    ids = weights.pop(DRAFT_IDS).astype(np.int64)
+    if len(ids) != c.n_draft_vocab or len(set(ids.tolist())) != len(ids) or ids.min() < 0 \
+            or ids.max() >= spec.n_vocab:
+        raise EdgespecError(f"{ckpt}: its draft vocabulary is not {c.n_draft_vocab} distinct target ids")
+    return meta, c, spec, weights, ids
+
+
 def write_eagle3_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0",
                       any_target: bool = False) -> dict:
     """`any_target`: write the file even for a target llama.cpp cannot run it with (tests)."""
@@ -79,26 +99,14 @@ def write_eagle3_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0",
     from gguf.constants import GGMLQuantizationType as Q
     from gguf.quants import quantize
 
-    from edgespec.targets import KNOWN_TARGETS, load_target_spec
-
     if quant not in QUANTS:
         raise EdgespecError(f"unknown --quant {quant} for llama-cpp; choose from {', '.join(QUANTS)}")
-    meta, weights = read_checkpoint(ckpt)
-    if head_arch(meta["head"]) != "eagle3":
-        raise EdgespecError(f"{ckpt} is not an EAGLE-3 head (train one with --arch eagle3); "
-                            "edgespec's MTP heads export with `export gguf` or `export onnx`")
-    c = Eagle3Config.from_dict(meta["head"])
-    spec = load_target_spec(meta["target"] if meta["target"] in KNOWN_TARGETS else meta["target_path"])
-    if spec.tokenizer_fingerprint != meta["target_fingerprint"]:
-        raise EdgespecError(f"target {meta['target']} does not match the head's fingerprint")
+    meta, c, spec, weights, ids = read_eagle3_checkpoint(
+        ckpt, "edgespec's MTP heads export with `export gguf` or `export onnx`")
     if spec.arch in NOT_IN_LLAMA_CPP and not any_target:
         raise EdgespecError(f"stock llama.cpp (llama-cpp-python {_llama_version()}) cannot run an "
                             f"EAGLE-3 head on a {spec.arch} target: its {spec.arch} graph does not "
                             "hand layer inputs to the draft (llama-server aborts at the first decode)")
-    ids = weights.pop(DRAFT_IDS).astype(np.int64)
-    if len(ids) != c.n_draft_vocab or len(set(ids.tolist())) != len(ids) or ids.min() < 0 \
-            or ids.max() >= spec.n_vocab:
-        raise EdgespecError(f"{ckpt}: its draft vocabulary is not {c.n_draft_vocab} distinct target ids")
     tensors = gguf_tensors(c, weights)
     qt = Q.F16 if quant == "f16" else Q.Q8_0
     out = Path(out)
@@ -168,30 +176,38 @@ def read_eagle3_gguf(path: str | Path):
     return head.eval(), info.draft_ids, info
 
 
-def check_eagle3_export(ckpt: str | Path, exported: str | Path, features: str | Path,
-                        n_steps: int = 3, max_samples: int = 24) -> dict:
-    """The exported file's head (its quantized weights, read back) beside the trained head on
-    held-out features: top-1 agreement per draft step, max logit error, both acceptances."""
-    import torch
-
+def heldout_features(head, meta: dict, features: str | Path, max_samples: int):
+    """(features, up to max_samples held-out sample indices, the target's embedding rows) for
+    checking an EAGLE-3 head's export: features of the head's target and layers only."""
     from edgespec.targets import embedding_rows
     from edgespec.training.features import Features
-    from edgespec.training.train import checkpoint_target, eval_head, is_eval, load_checkpoint
+    from edgespec.training.train import checkpoint_target, is_eval
 
-    head, meta = load_checkpoint(ckpt)
-    ex, ids, info = read_eagle3_gguf(exported)
-    if info.fingerprint != meta["target_fingerprint"]:
-        raise EdgespecError(f"{exported} is not an export of {ckpt} (target fingerprints differ)")
     feats = Features(features)
     if feats.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{features} holds features of another target than the head's")
     if tuple(feats.layers) != tuple(head.c.target_layers):
         raise EdgespecError(f"{features} holds features of layers {list(feats.layers)}; this head "
                             f"reads layers {head.c.target_layers} (extract with --layers)")
-    embed = embedding_rows(checkpoint_target(meta))
     idx = [i for i, s in enumerate(feats.sample_ids()) if is_eval(s)][:max_samples]
     if not idx:
         raise EdgespecError(f"{features}: no held-out samples to check against")
+    return feats, idx, embedding_rows(checkpoint_target(meta))
+
+
+def check_eagle3_export(ckpt: str | Path, exported: str | Path, features: str | Path,
+                        n_steps: int = 3, max_samples: int = 24) -> dict:
+    """The exported file's head (its quantized weights, read back) beside the trained head on
+    held-out features: top-1 agreement per draft step, max logit error, both acceptances."""
+    import torch
+
+    from edgespec.training.train import eval_head, load_checkpoint
+
+    head, meta = load_checkpoint(ckpt)
+    ex, ids, info = read_eagle3_gguf(exported)
+    if info.fingerprint != meta["target_fingerprint"]:
+        raise EdgespecError(f"{exported} is not an export of {ckpt} (target fingerprints differ)")
+    feats, idx, embed = heldout_features(head, meta, features, max_samples)
     agree, total, err = [0] * n_steps, 0, 0.0
     with torch.no_grad():
         for i in idx:

@@ -2,8 +2,9 @@
 # Build stock llama.cpp's llama-server, llama-speculative-simple and llama-bench from the
 # llama.cpp that the pinned llama-cpp-python vendors (the same commit as the Python binding),
 # once, into edgespec's cache: $EDGESPEC_CACHE/llama-tools/<version>/bin (default cache
-# ~/.cache/edgespec), and print that folder. Only the package registry is used (the
-# llama-cpp-python sdist).
+# ~/.cache/edgespec), and print that folder. Its Hugging Face converter (convert_hf_to_gguf.py
+# with its `conversion` package and gguf-py) goes beside it, in ../convert. Only the package
+# registry is used (the llama-cpp-python sdist).
 #
 #   scripts/build_llama_tools.sh [PYTHON]      (make llama-tools)
 set -euo pipefail
@@ -15,7 +16,8 @@ DEST="$CACHE/llama-tools/$VERSION"
 TOOLS=(llama-server llama-speculative-simple llama-bench)
 
 have_all() { for t in "${TOOLS[@]}"; do [ -x "$DEST/bin/$t" ] || return 1; done; }
-if have_all; then
+have_convert() { [ -f "$DEST/convert/convert_hf_to_gguf.py" ]; }
+if have_all && have_convert; then
     echo "llama.cpp tools $VERSION: already built" >&2
     echo "$DEST/bin"
     exit 0
@@ -28,6 +30,22 @@ echo "llama.cpp tools $VERSION: fetching the llama-cpp-python sdist" >&2
 tar xzf "$WORK"/llama_cpp_python-"$VERSION".tar.gz -C "$WORK" --wildcards \
     "llama_cpp_python-$VERSION/vendor/llama.cpp/*"
 SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
+
+install_convert() {  # atomically, beside the tools
+    mkdir -p "$DEST"
+    local stage
+    stage=$(mktemp -d "$CACHE/llama-tools/.convert.XXXXXX")
+    cp -r "$SRC/convert_hf_to_gguf.py" "$SRC/conversion" "$SRC/gguf-py" "$stage/"
+    rm -rf "$DEST/convert"
+    mv "$stage" "$DEST/convert"
+}
+mkdir -p "$CACHE/llama-tools"
+if have_all; then
+    install_convert
+    echo "llama.cpp tools $VERSION: converter added" >&2
+    echo "$DEST/bin"
+    exit 0
+fi
 
 # No web UI assets (they would be downloaded), no TLS, no tests: only what the three tools need.
 cmake -S "$SRC" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -46,5 +64,6 @@ for t in "${TOOLS[@]}"; do cp "$WORK/build/bin/$t" "$STAGE/bin/"; done
 cp "$SRC/LICENSE" "$STAGE/LICENSE-llama.cpp"
 rm -rf "$DEST"
 mv "$STAGE" "$DEST"
+install_convert
 echo "llama.cpp tools $VERSION: built" >&2
 echo "$DEST/bin"

@@ -29,9 +29,7 @@ from edgespec.io import atomic_write_text
 
 
 def _greedy(llm, ids: list[int], max_tokens: int) -> list[int]:
-    from edgespec.runtime.api import _sampling
-
-    gen = llm._run(list(ids), max_tokens, None, None, **_sampling(0.0, 40, 0.95, 0.05, 1.0, 1.0, 0.0, 0.0, None))
+    gen = llm._run(list(ids), max_tokens, None, None, temperature=0.0)
     for _ in gen:
         pass
     return list(gen.token_ids)

@@ -139,6 +139,20 @@ def parallel_agreement_table(path: Path) -> str:
                  rows)
 
 
+def speculators_export_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    c = r["check"]
+    equal = sum(c["tensors_equal"].values())
+    return table(f"`{path.relative_to(ROOT)}` (`edgespec export speculators --check`): the folder "
+                 f"loaded by the speculators package ({c['config_class']}, {c['model_class']}) and "
+                 f"run for one draft step on held-out features beside the trained head.",
+                 ["verifier", "dtype", "MB", "tensors loaded as written", "positions",
+                  "top-1 agreement", "max logit error"],
+                 [[r["verifier"], r["dtype"], f"{r['bytes'] / 2**20:.1f}",
+                   f"{equal} of {len(c['tensors_equal'])}", c["compared"],
+                   f"{c['top1_agreement']:.4f}", f"{c['max_logit_error']:.4f}"]])
+
+
 def eagle3_export_table(path: Path) -> str:
     r = json.loads(path.read_text())
     c, t, e = r["check"], r["train"], r["eval_head"]
@@ -273,6 +287,7 @@ def render() -> str:
                                 ("bench-*.json", bench_table), ("serve-*.json", serve_table),
                                 ("parallel-agreement-*.json", parallel_agreement_table),
                                 ("export-eagle3-*.json", eagle3_export_table),
+                                ("export-speculators-*.json", speculators_export_table),
                                 ("eagle3-check-*.json", eagle3_check_table)):
         parts += [render_one(p) for p in sorted((ROOT / "results").glob(pattern))]
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):

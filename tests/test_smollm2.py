@@ -199,3 +199,34 @@ def test_kill_soak_data_and_extract_end_as_uninterrupted_runs(tmp_path, smol_dat
     whole, soaked = man(tmp_path / "f-whole"), man(tmp_path / "f-soak")
     assert [s["sha256"] for s in whole["shards"]] == [s["sha256"] for s in soaked["shards"]]
     assert soaked["complete"] and len(soaked["shards"]) == 5
+
+
+def test_online_training_with_two_ranks_splits_the_target_work(tmp_path, smol_data):
+    """`torchrun --nproc-per-node 2 ... train --online`: each rank runs its own SmolLM2 engine
+    over only the samples it reads, and the run trains what one process trains (each sample's
+    hidden states are computed alike in both)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from test_train import _torchrun
+
+    args = ["--target", "smollm2-135m", "--online", "--data", str(smol_data), "--steps", "4",
+            "--batch", "4", "--seq-len", "16", "--unroll", "2", "--draft-vocab", "64",
+            "--threads", "1", "--save-every", "4"]
+    one = subprocess.run([sys.executable, "-m", "edgespec", "train", *args, "--out", str(tmp_path / "one")],
+                         capture_output=True, text=True, env=dict(os.environ, EDGESPEC_NO_PROGRESS="1"))
+    assert one.returncode == 0, one.stderr[-2000:]
+    p = _torchrun(2, [*args, "--out", str(tmp_path / "two")])
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-2000:]
+    t1 = json.loads((tmp_path / "one" / "config.json").read_text())["train"]
+    t2 = json.loads((tmp_path / "two" / "config.json").read_text())["train"]
+    assert (t1["world_size"], t2["world_size"], t2["backend"]) == (1, 2, "gloo")
+    # rank 0 ran the target over its share of the samples only
+    assert 0 < t2["online"]["target_tokens"] < t1["online"]["target_tokens"]
+    l1, l2 = [h["loss"] for h in t1["history"]], [h["loss"] for h in t2["history"]]
+    assert len(l1) == len(l2) >= 2 and np.allclose(l1, l2, rtol=1e-2, atol=1e-3), (l1, l2)

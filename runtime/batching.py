@@ -40,6 +40,7 @@ class Part:
     hidden: bool = False  # hidden states of every row wanted
     logits: bool = True  # logits of the output rows wanted
     top_only: bool = False  # only each row's argmax is read (the low-rank LM head may answer)
+    lead: int = 0  # the first `lead` tokens are prompt prefill: no outputs, nothing returned
 
 
 class _Request:
@@ -287,6 +288,7 @@ class SlotTarget:
         self.draft_k, self.draft_k_sampled = eng.draft_k, eng.draft_k_sampled
         self.n_ctx = batcher.n_ctx
         self.tokens: list[int] = []
+        self._lead = 0  # prompt tokens at the end of `tokens` not decoded yet
         self.feature_layers: tuple[int, ...] = ()
         head = getattr(eng, "lowrank_head", None)
         # this slot's exact-logit rows (one reused buffer each: valid until its next decode)
@@ -325,16 +327,30 @@ class SlotTarget:
         return SlotCostAware(self.batcher, self.seq, k, greedy)
 
     # -- the cache ---------------------------------------------------------------------------
+    # Prompt tokens are not decoded when prefilled: the last `_lead` of `tokens` wait, and go
+    # with this slot's next decode as its first rows (one batch round for a new request
+    # instead of two, which every other request would wait through).
     def _room(self, n: int) -> None:
         if len(self.tokens) + n > self.n_ctx:
             raise EdgespecError(f"context is full ({self.n_ctx} tokens per slot); use a larger "
                                 "n_ctx or a shorter prompt")
 
+    def _flush(self, room: int) -> None:
+        """Decode waiting prompt tokens on their own until at most `room` of them wait."""
+        while self._lead > max(0, room):
+            at = len(self.tokens) - self._lead
+            chunk = self.tokens[at:at + min(self._lead, self.n_batch)]
+            self.batcher.run(Part(self.seq, at, chunk, "none", logits=False))
+            self._lead -= len(chunk)
+
     def _run(self, tokens: list[int], outputs: str, hidden: bool = False, logits: bool = True,
              top_only: bool = False):
         self._room(len(tokens))
-        out = self.batcher.run(Part(self.seq, len(self.tokens), list(tokens), outputs, hidden,
-                                    logits, top_only))
+        self._flush(self.n_batch - len(tokens))
+        lead, at = self._lead, len(self.tokens) - self._lead
+        out = self.batcher.run(Part(self.seq, at, self.tokens[at:] + list(tokens), outputs, hidden,
+                                    logits, top_only, lead))
+        self._lead = 0
         self.tokens.extend(tokens)
         return out
 
@@ -342,8 +358,9 @@ class SlotTarget:
         """A generation starts here (`Generation._prefill`): from now on every batch waits
         for this slot's decodes, until the server's `Batcher.deactivate`."""
         self.batcher.activate(self.seq)
-        for s in range(0, len(tokens), self.n_batch):
-            self._run(tokens[s:s + self.n_batch], "none", logits=False)
+        self._room(len(tokens))
+        self.tokens.extend(tokens)
+        self._lead += len(tokens)
 
     def hidden_states(self, tokens: list[int]) -> np.ndarray:
         out = [self._run(tokens[s:s + self.n_batch], "all", hidden=True, logits=False)[1]
@@ -365,6 +382,12 @@ class SlotTarget:
     def truncate(self, n: int) -> None:
         if n >= len(self.tokens):
             return
+        cached = len(self.tokens) - self._lead
+        if n >= cached:  # only waiting prompt tokens go
+            self._lead = n - cached
+            del self.tokens[n:]
+            return
+        self._lead = 0
         kept = self.tokens[:n]
         with self.batcher.exclusive() as eng:
             eng.seq_rollback(self.seq, kept)
@@ -373,7 +396,7 @@ class SlotTarget:
     def reset(self) -> None:
         with self.batcher.exclusive() as eng:
             eng.seq_clear(self.seq)
-        self.tokens = []
+        self.tokens, self._lead = [], 0
 
     def close(self) -> None:
         pass  # the engine belongs to the batcher's owner

@@ -486,7 +486,11 @@ class LlamaTarget(LlamaVocab):
         (logits of its output rows, hidden states of its rows, low-rank candidates). Greedy
         parts on the low-rank LM head get no logits but their hidden states and candidates
         (the caller picks the exact logits, `LowRankHead.top`); parts with no outputs (prompt
-        prefill) ride along with the others. Every array is the caller's own copy."""
+        prefill) ride along with the others, and a part's first `lead` rows (its prompt, sent
+        with its first decode) are prefill too: no outputs, nothing returned for them. Every
+        array is the caller's own copy."""
+        import copy
+
         grab = self._cb is not None
 
         def kind(p) -> str:
@@ -496,6 +500,17 @@ class LlamaTarget(LlamaVocab):
                 return "grab"
             return "emb" if p.hidden else "full"
 
+        # embeddings mode makes every row an output: lead rows of such parts go first, alone
+        early = [p for p in parts if getattr(p, "lead", 0) and p.outputs != "none" and kind(p) == "emb"]
+        if early:
+            self._set_embeddings(False)
+            self._run_batch([(p.seq, p.start, p.tokens[:p.lead], [False] * p.lead) for p in early])
+            parts = list(parts)
+            for i, p in enumerate(parts):
+                if any(p is e for e in early):
+                    q = copy.copy(p)
+                    q.start, q.tokens, q.lead = p.start + p.lead, p.tokens[p.lead:], 0
+                    parts[i] = q
         groups: dict[str, list[int]] = {}
         for i, p in enumerate(parts):
             groups.setdefault(kind(p), []).append(i)
@@ -519,13 +534,15 @@ class LlamaTarget(LlamaVocab):
     def _decode_group(self, kind: str, parts, idx: list[int], results: list) -> None:
         pieces, n_out = [], []
         for p in parts:
-            n = len(p.tokens)
+            lead = getattr(p, "lead", 0)
+            n = len(p.tokens) - lead
             if p.outputs == "none":
                 out = [False] * n
             elif p.outputs == "all" or kind == "emb":
                 out = [True] * n
             else:
                 out = [False] * (n - 1) + [True]
+            out = [False] * lead + out
             pieces.append((p.seq, p.start, p.tokens, out))
             n_out.append(sum(out))
         at = np.cumsum([0] + n_out)

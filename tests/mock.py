@@ -175,6 +175,7 @@ class MockMulti(MockTarget):
         self.n_seq = n_seq
         self.seqs: dict[int, list[int]] = {}
         self.batches: list[list[tuple[int, int]]] = []
+        self.prefill_only = 0  # parts that only prefilled (a prompt decoded in a round of its own)
 
     def decode_parts(self, parts):
         out = []
@@ -185,13 +186,15 @@ class MockMulti(MockTarget):
             if p.outputs == "none":
                 out.append((None, None, None))
                 continue
-            rows = range(len(p.tokens)) if p.outputs == "all" else [len(p.tokens) - 1]
-            logits = np.stack([self.logits_after(toks[:p.start + i + 1]) for i in rows]) \
+            s0, n = p.start + p.lead, len(p.tokens) - p.lead  # rows past the prompt lead
+            rows = range(n) if p.outputs == "all" else [n - 1]
+            logits = np.stack([self.logits_after(toks[:s0 + i + 1]) for i in rows]) \
                 if p.logits else None
-            hid = np.stack([self.proj[toks[p.start + i - 1] if p.start + i else 0, toks[p.start + i]]
-                            for i in range(len(p.tokens))]) if p.hidden else None
+            hid = np.stack([self.proj[toks[s0 + i - 1] if s0 + i else 0, toks[s0 + i]]
+                            for i in range(n)]) if p.hidden else None
             out.append((logits, hid, None))
         self.batches.append([(p.seq, len(p.tokens)) for p in parts])
+        self.prefill_only += sum(p.outputs == "none" for p in parts)
         return out
 
     def seq_rollback(self, seq: int, kept: list[int]) -> None:

@@ -54,6 +54,7 @@ def test_slots_generate_together_what_each_would_alone(draft, temperature):
     run_threads(run, 4)
     assert got == want
     assert max(len(batch) for batch in eng.batches) >= 2  # decodes were combined
+    assert eng.prefill_only == 0  # each prompt went with its request's first decode
     seqs = {seq for batch in eng.batches for seq, _ in batch}
     assert seqs == {0, 1, 2, 3}
     # the rollbacks of rejected drafts touched each slot's own sequence only

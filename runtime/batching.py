@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.policies import CostAware, VerifyCost, cost_key, measure_verify_cost
+from edgespec.runtime.policies import CostAware, VerifyCost, cost_key, ema_into, measure_verify_cost
 
 
 @dataclass
@@ -174,8 +174,7 @@ class Batcher:
         with self._cond:
             self._drafting += seconds
             if steps:
-                per, old = seconds / steps, self.step_s.get(source)
-                self.step_s[source] = per if old is None else old + ema * (per - old)
+                ema_into(self.step_s, source, seconds / steps, ema)
 
     @contextmanager
     def exclusive(self):
@@ -216,8 +215,7 @@ class Batcher:
         return rows, made
 
     def note_emitted(self, seq: int, n: int, ema: float = 0.2) -> None:
-        e = self.emitted.get(seq, float(n))
-        self.emitted[seq] = e + ema * (n - e)
+        ema_into(self.emitted, seq, float(n), ema)
 
 
 class _SlotCostView:
@@ -304,9 +302,6 @@ class SlotTarget:
 
     def token_bytes(self, token: int) -> bytes:
         return self.engine_.token_bytes(token)
-
-    def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
         return self.engine_.is_eog(token)

@@ -187,7 +187,7 @@ def _accept_sampled(logits: np.ndarray, draft: Draft, sp: SamplingParams,
     return n, tok
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(diff[0]) if len(diff) else n
@@ -301,7 +301,7 @@ class Generation:
         self._reading = self._read_hidden()
         n_h = min(len(self.prompt) - 1, self.prompt_hidden) if self._reading else 0
         n_plain = len(self.prompt) - 1 - n_h
-        keep = _common_prefix(t.tokens, self.prompt[:n_plain]) if self.reuse_prefix else 0
+        keep = common_prefix(t.tokens, self.prompt[:n_plain]) if self.reuse_prefix else 0
         if keep:
             t.truncate(keep)
         else:

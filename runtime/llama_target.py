@@ -501,7 +501,7 @@ class LlamaTarget(LlamaVocab):
             return "emb" if p.hidden else "full"
 
         # embeddings mode makes every row an output: lead rows of such parts go first, alone
-        early = [p for p in parts if getattr(p, "lead", 0) and p.outputs != "none" and kind(p) == "emb"]
+        early = [p for p in parts if p.lead and p.outputs != "none" and kind(p) == "emb"]
         if early:
             self._set_embeddings(False)
             self._run_batch([(p.seq, p.start, p.tokens[:p.lead], [False] * p.lead) for p in early])
@@ -534,7 +534,7 @@ class LlamaTarget(LlamaVocab):
     def _decode_group(self, kind: str, parts, idx: list[int], results: list) -> None:
         pieces, n_out = [], []
         for p in parts:
-            lead = getattr(p, "lead", 0)
+            lead = p.lead
             n = len(p.tokens) - lead
             if p.outputs == "none":
                 out = [False] * n

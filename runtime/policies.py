@@ -27,6 +27,12 @@ POLICIES = ("fixed", "confidence", "cost")
 MAX_DRAFT = 16  # the most drafts one verify pass checks; more never pays on a CPU
 
 
+def ema_into(table: dict, key, x: float, ema: float) -> None:
+    """A running mean per key: the first value as it is, then an exponential moving average."""
+    old = table.get(key)
+    table[key] = x if old is None else old + ema * (x - old)
+
+
 class FixedK:
     name = "fixed"
 
@@ -381,9 +387,7 @@ class CostAware(FixedK):
         """A draft of `steps` tokens from `source` took `seconds` (sources differ a lot: a
         prompt lookup costs microseconds, a head step milliseconds)."""
         if steps:
-            per = seconds / steps
-            old = self.step_s.get(source)
-            self.step_s[source] = per if old is None else old + self.ema * (per - old)
+            ema_into(self.step_s, source, seconds / steps, self.ema)
 
     def observe_verify(self, n: int, seconds: float) -> None:
         self.c.observe(n, seconds)

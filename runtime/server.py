@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from edgespec.errors import EdgespecError, one_line
+from edgespec.runtime.decoding import common_prefix
 
 PAGE = Path(__file__).with_name("chat_page.html")
 
@@ -153,7 +154,7 @@ def make_app(llms, model_name: str, api_key: str | None = None, max_queue: int =
         with count:
             if not free:
                 return None
-            best = max(free, key=lambda s: _shared(s.engine.tokens, ids))
+            best = max(free, key=lambda s: common_prefix(s.engine.tokens, ids))
             free.remove(best)
             return best
 
@@ -308,15 +309,6 @@ def _pump(chunks, put, stop: threading.Event, release) -> None:
         chunks.close()
         release()
         put(("end", None))
-
-
-def _shared(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def open_slots(target: str, draft: str | None, parallel: int, n_ctx: int, threads: int | None,

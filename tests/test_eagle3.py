@@ -126,6 +126,15 @@ def write_layer_features(folder, spec, n_samples=24, length=30, seed=0):
     return folder
 
 
+def train_tiny_mtp(path, features, out):
+    """A two-step MTP head on the tiny target: what EAGLE-3 exporters must refuse."""
+    from edgespec.training.train import train
+
+    train(str(path), features, out, small_cfg(steps=2, warmup=1, save_every=2),
+          head_overrides={"n_head": 2, "n_head_kv": 1, "head_dim": 8, "n_ff": 32}, log=lambda m: None)
+    return out
+
+
 @pytest.fixture()
 def tiny3(tmp_path):
     path = write_tiny_gguf(tmp_path / "tiny.gguf", arch="llama", n_layer=6, vocab=VOCAB, window=None)
@@ -179,8 +188,7 @@ def test_wrong_head_or_features_are_clear_errors(tiny3, tmp_path):
         train(str(path), plain, tmp / "x", small_cfg(arch="eagle3", steps=2), log=lambda m: None)
     with pytest.raises(EdgespecError, match="extract without --layers"):
         train(str(path), feats3, tmp / "y", small_cfg(steps=2), log=lambda m: None)
-    train(str(path), plain, tmp / "mtp", small_cfg(steps=2, warmup=1, save_every=2),
-          head_overrides={"n_head": 2, "n_head_kv": 1, "head_dim": 8, "n_ff": 32}, log=lambda m: None)
+    train_tiny_mtp(path, plain, tmp / "mtp")
     with pytest.raises(EdgespecError, match="not an EAGLE-3 head"):
         write_eagle3_gguf(tmp / "mtp", tmp / "m.gguf")
     r = subprocess.run([sys.executable, "-m", "edgespec", "export", "llama-cpp", str(tmp / "mtp"),

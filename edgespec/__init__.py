@@ -6,6 +6,10 @@ torch nor transformers.
 """
 
 from edgespec.errors import EdgespecError
+from edgespec.llama_lib import select_at_import
+
+# before anything imports llama_cpp: its batch-invariant build where edgespec built one
+select_at_import()
 
 __version__ = "0.1.0"
 __all__ = ["EdgespecError", "__version__"]

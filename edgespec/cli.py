@@ -254,6 +254,14 @@ def _cmd_bench_serve(args) -> int:
     return 0
 
 
+def _cmd_build_llama_lib(args) -> int:
+    from edgespec.llama_lib import build
+
+    folder = build(log=lambda m: print(f"edgespec: {m}", file=sys.stderr))
+    print(folder)
+    return 0
+
+
 def _cmd_devices(args) -> int:
     from edgespec.measure.devices import load_profiles
 
@@ -521,6 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_cmd_export)
+
+    s = sub.add_parser("build-llama-lib", help="build llama.cpp's batch-invariant library once "
+                       "(bit-exact speculative greedy decoding); prints its folder")
+    s.set_defaults(func=_cmd_build_llama_lib)
 
     s = sub.add_parser("devices", help="list the device profiles")
     s.add_argument("--json", action="store_true")

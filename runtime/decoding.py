@@ -51,7 +51,7 @@ class Target(Protocol):
     def tokenize(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]: ...
     def token_bytes(self, token: int) -> bytes: ...
     def is_eog(self, token: int) -> bool: ...
-    def prefill(self, tokens: list[int]) -> None: ...
+    def prefill(self, tokens: list[int], last_logits: bool = False) -> np.ndarray | None: ...
     def hidden_states(self, tokens: list[int]) -> np.ndarray: ...
     def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True,
                copy: bool = True, top_only: bool = False) -> tuple[np.ndarray, np.ndarray | None]: ...
@@ -112,6 +112,8 @@ class Stats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     finish_reason: str = ""
+    # greedy text equal to plain greedy decoding's, bit for bit (see Generation.exact_rows)
+    exact: bool = False
 
     @property
     def tokens_per_s(self) -> float:
@@ -135,6 +137,7 @@ class Stats:
             "prefill_s": round(self.prefill_s, 4), "decode_s": round(self.decode_s, 4),
             "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 3), "finish_reason": self.finish_reason,
+            "exact": self.exact,
         }
 
 
@@ -144,14 +147,20 @@ def _before(sp: SamplingParams, recent: list[int], drafts: list[int], i: int) ->
     return recent[-sp.penalty_last_n:] + drafts[:i] if sp.penalizes else []
 
 
+def _ids(sp: SamplingParams, context, drafts: list[int], i: int) -> list[int]:
+    """Every token before verify row i's choice, for the logits processors (none without)."""
+    return list(context) + drafts[:i] if sp.logits_processor else []
+
+
 def _accept_greedy(logits: np.ndarray, draft: Draft, sp: SamplingParams, recent: list[int],
-                   grammar=None) -> tuple[int, int]:
+                   grammar=None, context=()) -> tuple[int, int]:
     """(accepted count, next token): the target's argmax at each position decides (of the
-    biased, penalised, grammar-constrained logits where the request asks for those; each row
-    sees the drafts before it). The grammar advances by every emitted token."""
+    processed, biased, penalised, grammar-constrained logits where the request asks for those;
+    each row sees the drafts before it). The grammar advances by every emitted token."""
     n = len(draft.tokens)
     for i in range(n + 1):  # row n (after every draft) always decides
-        top = sample(logits[i], sp, None, _before(sp, recent, draft.tokens, i), grammar)
+        top = sample(logits[i], sp, None, _before(sp, recent, draft.tokens, i), grammar,
+                     _ids(sp, context, draft.tokens, i))
         if grammar is not None:
             grammar.accept(top)
         if i == n or top != draft.tokens[i]:
@@ -159,9 +168,11 @@ def _accept_greedy(logits: np.ndarray, draft: Draft, sp: SamplingParams, recent:
 
 
 def _accept_sampled(logits: np.ndarray, draft: Draft, sp: SamplingParams,
-                    rng: np.random.Generator, recent: list[int], grammar=None) -> tuple[int, int]:
+                    rng: np.random.Generator, recent: list[int], grammar=None,
+                    context=()) -> tuple[int, int]:
     for i, d in enumerate(draft.tokens):
-        p = probs(logits[i], sp, _before(sp, recent, draft.tokens, i), grammar)
+        p = probs(logits[i], sp, _before(sp, recent, draft.tokens, i), grammar,
+                  _ids(sp, context, draft.tokens, i))
         q = draft.q[i] if i < len(draft.q) else None
         qd = 1.0 if q is None else float(q[1][q[0] == d].sum())
         if qd > 0 and rng.random() < min(1.0, p[d] / qd):
@@ -181,7 +192,8 @@ def _accept_sampled(logits: np.ndarray, draft: Draft, sp: SamplingParams,
             grammar.accept(tok)
         return i, tok
     n = len(draft.tokens)
-    tok = sample(logits[n], sp, rng, _before(sp, recent, draft.tokens, n), grammar)
+    tok = sample(logits[n], sp, rng, _before(sp, recent, draft.tokens, n), grammar,
+                 _ids(sp, context, draft.tokens, n))
     if grammar is not None:
         grammar.accept(tok)
     return n, tok
@@ -208,7 +220,8 @@ class Generation:
     def __init__(self, target: Target, prompt: list[int], sampling: SamplingParams,
                  max_tokens: int = 128, drafter: Drafter | None = None, policy=None,
                  stop: list[str] | None = None, prompt_hidden: int = 32,
-                 reuse_prefix: bool = True, logprobs: int | None = None, grammar=None):
+                 reuse_prefix: bool = True, logprobs: int | None = None, grammar=None,
+                 stopping=None):
         if not prompt:
             raise EdgespecError("empty prompt: give some text to continue")
         if max_tokens < 1:
@@ -227,17 +240,31 @@ class Generation:
         # every logit (the full LM head)
         self.want_logprobs = logprobs
         self.grammar = grammar  # runtime.grammar.Grammar: constrains every emitted token
+        # llama-cpp-python's stopping criteria: f(input_ids, logits) -> True stops before the
+        # token those logits chose (input_ids: every token before it, prompt included)
+        self.stopping = stopping
         self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self.want_hidden = bool(drafter and drafter.needs_hidden)
         self._reading = False  # whether the last pass read hidden states (see `_read_hidden`)
         # greedy passes that read only argmaxes (the low-rank LM head may answer them)
         self._top_only = (sampling.greedy and not sampling.adjusts_logits and logprobs is None
-                          and grammar is None)
+                          and grammar is None and stopping is None)
         free = getattr(target, "hidden_free", None)
         self._hidden_free = bool(free and free(self._top_only))
         if drafter is not None and hasattr(drafter, "set_sampling"):
             drafter.set_sampling(None if sampling.greedy else sampling.temperature, sampling.seed)
         self.stats = Stats(prompt_tokens=len(prompt))
+        # Bit-exact greedy: where the engine's decodes of up to n tokens give each row the
+        # numbers of one-token decodes (`invariant_batch`, n >= 2) and verification reads the
+        # full LM head, a pass checks at most n rows and the prompt is prefilled as
+        # llama_cpp.Llama does it, so the text is plain greedy decoding's, bit for bit.
+        self.exact_rows = 0
+        lowrank = self._top_only and getattr(target, "lowrank_head", None) is not None
+        if sampling.greedy and not lowrank and hasattr(target, "invariant_batch"):
+            n = target.invariant_batch()
+            self.exact_rows = n if n >= 2 else 0
+        self.stats.exact = self.exact_rows > 0
+        self._first_logits: np.ndarray | None = None  # exact mode: the prompt's last row
         self.text = ""
         self._shown = 0  # characters of `text` handed out as pieces so far
         self.token_ids: list[int] = []
@@ -252,6 +279,17 @@ class Generation:
         self._prefill()
         t_start = time.perf_counter()
         try:
+            if self._first_logits is not None:  # exact mode: the prefill chose the first token
+                logits, self._first_logits = self._first_logits[None, :], None
+                _, nxt = self._accept(logits, Draft([]))
+                if self.want_logprobs is not None:
+                    self._record_logprobs(logits, [nxt])
+                if self._stops_at(logits, [nxt]) == 0:
+                    return
+                yield nxt, self._emit(nxt, "context" if self._room() < 0 else None)
+                if st.finish_reason:
+                    return
+                self.pending = nxt
             while True:
                 if _OWNER.get(self.target) is not self:
                     raise EdgespecError("another generation used this model since this one "
@@ -265,14 +303,17 @@ class Generation:
                 logits, hidden = self._verify(draft)
                 self.policy.observe_verify(1 + len(draft.tokens), time.perf_counter() - tv)
                 n_acc, nxt = self._accept(logits, draft)
+                toks = draft.tokens[:n_acc] + [nxt]
                 if self.want_logprobs is not None:
-                    self._record_logprobs(logits, draft.tokens[:n_acc] + [nxt])
+                    self._record_logprobs(logits, toks)
+                cut = self._stops_at(logits, toks)
                 self._rollback(draft, n_acc, hidden)
                 st.verify_s += time.perf_counter() - tv
                 self._feedback(draft, n_acc)
-                toks = draft.tokens[:n_acc] + [nxt]
                 full = self._room() < 0  # no room to check `nxt`: this pass ends the generation
                 for i, tok in enumerate(toks):
+                    if i == cut:
+                        return
                     piece = self._emit(tok, "context" if full and i == len(toks) - 1 else None)
                     yield tok, piece
                     if st.finish_reason:
@@ -299,6 +340,21 @@ class Generation:
         if self.drafter:
             self.drafter.reset()
         self._reading = self._read_hidden()
+        self.context = list(self.prompt)
+        if self.exact_rows:
+            # as llama_cpp.Llama: the whole prompt (less what the cache holds, at least one
+            # token) in n_batch chunks, logits of the last row only. The head reads no prompt
+            # rows (asking for them would make every row an output, other numbers).
+            keep = min(common_prefix(t.tokens, self.prompt),
+                       len(self.prompt) - 1) if self.reuse_prefix else 0
+            if keep:
+                t.truncate(keep)
+            else:
+                t.reset()
+            self.stats.prompt_reused = keep
+            self._first_logits = t.prefill(self.prompt[keep:], last_logits=True)
+            self.stats.prefill_s = time.perf_counter() - t0
+            return
         n_h = min(len(self.prompt) - 1, self.prompt_hidden) if self._reading else 0
         n_plain = len(self.prompt) - 1 - n_h
         keep = common_prefix(t.tokens, self.prompt[:n_plain]) if self.reuse_prefix else 0
@@ -310,7 +366,6 @@ class Generation:
         t.prefill(self.prompt[keep:n_plain])
         if n_h:
             self._fresh_hidden.append(t.hidden_states(self.prompt[n_plain:-1]))
-        self.context = list(self.prompt)
         self.stats.prefill_s = time.perf_counter() - t0
 
     def _room(self) -> int:
@@ -322,7 +377,8 @@ class Generation:
         room = self._room()
         if room < 0:
             return None
-        return min(self.policy.next_k(), room, self.max_tokens - self.stats.tokens - 1)
+        k = min(self.policy.next_k(), room, self.max_tokens - self.stats.tokens - 1)
+        return min(k, self.exact_rows - 1) if self.exact_rows else k
 
     def _draft(self, k: int) -> Draft:
         """Up to k guesses for the tokens after `pending`, trimmed by the policy."""
@@ -385,9 +441,11 @@ class Generation:
 
     def _accept(self, logits: np.ndarray, draft: Draft) -> tuple[int, int]:
         """(drafts accepted, the target's own next token)."""
+        ctx = self.context if self.sampling.logits_processor else ()
         if self.sampling.greedy:
-            return _accept_greedy(logits, draft, self.sampling, self.token_ids, self.grammar)
-        return _accept_sampled(logits, draft, self.sampling, self._rng, self.token_ids, self.grammar)
+            return _accept_greedy(logits, draft, self.sampling, self.token_ids, self.grammar, ctx)
+        return _accept_sampled(logits, draft, self.sampling, self._rng, self.token_ids,
+                               self.grammar, ctx)
 
     def _record_logprobs(self, logits: np.ndarray, emitted: list[int]) -> None:
         """Row i of the verify pass predicted emitted token i."""
@@ -399,6 +457,18 @@ class Generation:
             top = np.argpartition(-lp, n - 1)[:n] if 0 < n < lp.size else np.arange(min(n, lp.size))
             top = top[np.argsort(-lp[top], kind="stable")]
             self.logprobs.append((float(lp[tok]), [(int(t), float(lp[t])) for t in top]))
+
+    def _stops_at(self, logits: np.ndarray, toks: list[int]) -> int | None:
+        """The first of these tokens (row i of `logits` chose token i) that a stopping
+        criterion refuses: the generation ends before it ("stop"); None: no criterion fires."""
+        if self.stopping is None:
+            return None
+        for i in range(len(toks)):
+            ids = np.asarray(self.context + toks[:i], dtype=np.intc)
+            if self.stopping(ids, np.asarray(logits[i], dtype=np.float32)):
+                self.stats.finish_reason = "stop"
+                return i
+        return None
 
     def _rollback(self, draft: Draft, n_acc: int, hidden: np.ndarray | None) -> None:
         """Keep the hidden states of the accepted rows, then drop the rejected drafts from the

@@ -44,10 +44,10 @@ class Result:
 
 
 def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
-                lm_head: str = "auto") -> Target:
+                lm_head: str = "auto", flash_attn: bool | None = None) -> Target:
     """The engine for a target: llama.cpp for a GGUF file or known name, onnxruntime for a
     folder made by `edgespec export onnx-target` (whose LM head was chosen at export: `lm_head`
-    applies to llama.cpp targets, see LlamaTarget)."""
+    applies to llama.cpp targets, see LlamaTarget, as does `flash_attn`)."""
     p = Path(str(target)).expanduser()
     if p.is_dir():
         from edgespec.runtime.ort_target import OrtTarget
@@ -55,7 +55,8 @@ def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch
         return OrtTarget(p, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch)
     from edgespec.runtime.llama_target import LlamaTarget
 
-    return LlamaTarget(target, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head)
+    return LlamaTarget(target, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head,
+                       flash_attn=flash_attn)
 
 
 def lm_head_for(lm_head: str, greedy: bool) -> str:

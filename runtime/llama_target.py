@@ -28,12 +28,16 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec import llama_lib
+from edgespec.cache import file_identity, put_json, read_json
 from edgespec.errors import EdgespecError, one_line
 from edgespec.io import utf8
 from edgespec.runtime.assets import shipped_basis
 from edgespec.runtime.lowrank import LowRankHead, LowRankInfo, read_basis
 from edgespec.targets import TargetSpec, load_target_spec
 
+if llama_lib.SELECT_ERROR:
+    raise EdgespecError(llama_lib.SELECT_ERROR)
 try:
     import llama_cpp as lc
 except ImportError as e:  # pragma: no cover - llama-cpp-python is a base dependency
@@ -53,10 +57,10 @@ _GGML = None
 
 
 def _ggml():
-    """ggml's C API from the library inside the llama_cpp package (tensor names and data)."""
+    """ggml's C API from the library llama_cpp loaded (tensor names and data)."""
     global _GGML
     if _GGML is None:
-        lib_dir = Path(lc.__file__).resolve().parent / "lib"
+        lib_dir = llama_lib.loaded_lib_dir()
         names = sorted(lib_dir.glob("libggml-base.*")) + sorted(lib_dir.glob("ggml-base.*"))
         if not names:
             raise EdgespecError(f"{lib_dir}: no libggml-base library; reinstall llama-cpp-python")
@@ -69,6 +73,8 @@ def _ggml():
         _GGML = lib
     return _GGML
 
+
+INVARIANCE_FILE = "batch_invariance.json"  # cache: LlamaTarget.invariant_batch per library+model
 
 # llama.cpp hands layer inputs to a draft model (what EAGLE-3 reads) only for the architectures
 # whose graph records them; the pinned version's `llama` graph does, its `gemma3` graph does not
@@ -160,12 +166,15 @@ class LlamaTarget(LlamaVocab):
 
     def __init__(self, target: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, swa_full: bool = False, spec: TargetSpec | None = None,
-                 lm_head: str = "auto", probe: bool = False, n_seq: int = 1):
+                 lm_head: str = "auto", probe: bool = False, n_seq: int = 1,
+                 flash_attn: bool | None = None):
         """lm_head: "auto" (low-rank for greedy decoding where a basis ships for the target,
         else full), "full" (llama.cpp's own LM head, always), "lowrank" (a basis must ship), or
         a basis file (.npz). probe: read hidden states through the eval callback even without a
         low-rank head (`hidden_states`). n_seq: sequences the cache holds (`decode_parts`; the
-        single-sequence methods use sequence 0); n_ctx cells are shared by all of them."""
+        single-sequence methods use sequence 0); n_ctx cells are shared by all of them.
+        flash_attn: None lets llama.cpp choose (it takes flash attention on CPUs), False is
+        llama_cpp.Llama's default."""
         self.spec = spec or load_target_spec(target)
         self.model_file = Path(self.spec.path)
         basis = self._basis(lm_head)
@@ -195,6 +204,11 @@ class LlamaTarget(LlamaVocab):
         cparams.embeddings = False
         cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
         cparams.swa_full = swa_full
+        self.flash_attn = flash_attn
+        if flash_attn is not None:
+            cparams.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                       else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        self._invariant: int | None = None
         self._grab, self._grabbed, self._cb, self._grab_layers = False, [], None, set()
         if probe or basis is not None:
             self._install_probe(cparams)
@@ -404,12 +418,62 @@ class LlamaTarget(LlamaVocab):
         low-rank LM head read them (the probe) to find their candidates."""
         return top_only and self.lowrank_head is not None
 
-    def prefill(self, tokens: list[int]) -> None:
-        """Decode prompt tokens into the cache with no outputs (embeddings off), in n_batch chunks."""
+    def prefill(self, tokens: list[int], last_logits: bool = False) -> np.ndarray | None:
+        """Decode prompt tokens into the cache (embeddings off) in n_batch chunks, with no
+        outputs, or with `last_logits` the logits of the last token [V] (each chunk's last row
+        an output, as llama_cpp.Llama prefills: the same batches give the same numbers)."""
         self._set_embeddings(False)
         for s in range(0, len(tokens), self.n_batch):
             chunk = tokens[s:s + self.n_batch]
-            self._decode_chunk(chunk, [False] * len(chunk))
+            self._decode_chunk(chunk, [False] * (len(chunk) - 1) + [last_logits])
+        if last_logits and tokens:
+            return self._rows(lc.llama_get_logits(self._ctx), 1, self.n_vocab, True)[0]
+        return None
+
+    def invariant_batch(self, most: int = 8) -> int:
+        """The most tokens one decode may hold and still give each row the logits of one-token
+        decodes, bit for bit, in and out of embeddings mode (1: no batch does). Measured once
+        per library build, model, attention kind and thread count (about a second; it empties
+        the cache) and remembered in edgespec's cache: see edgespec/llama_lib.py."""
+        if self._invariant is None:
+            lib = llama_lib.loaded_lib_dir()
+            libs = sorted(p for p in lib.iterdir() if p.name.startswith(("libllama.", "libggml")))
+            key = "|".join([*(file_identity(p) for p in libs), file_identity(self.model_file),
+                            f"fa={self.flash_attn}", f"t={self.n_threads}", f"ub={self.n_batch}",
+                            str(most)])
+            cached = read_json(INVARIANCE_FILE).get(key)
+            if isinstance(cached, int):
+                self._invariant = cached
+            else:
+                self._invariant = self._measure_invariance(most)
+                put_json(INVARIANCE_FILE, key, self._invariant)
+        return self._invariant
+
+    def _measure_invariance(self, most: int) -> int:
+        text = ("The river rose in the spring of that year, and the old mill by the bridge "
+                "turned again after a long winter. def area(r):\n    return 3.14159 * r * r\n")
+        seq = self.tokenize(text)
+        lead, n = 6, 2 * most
+        while len(seq) < lead + n:
+            seq = seq + seq
+        seq = seq[:lead + n]
+        self.reset()
+        try:
+            self.prefill(seq[:lead])
+            ref = [self.decode([t])[0][0] for t in seq[lead:]]
+            best = 1
+            for k in range(2, most + 1):
+                for hidden in (False, True):
+                    self.truncate(lead)
+                    rows = []
+                    for s in range(lead, lead + n, k):
+                        rows.extend(self.decode(seq[s:s + k], hidden=hidden)[0])
+                    if not all(np.array_equal(a, b) for a, b in zip(ref, rows)):
+                        return best
+                best = k
+            return best
+        finally:
+            self.reset()
 
     def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True,
                copy: bool = True, top_only: bool = False) -> tuple[np.ndarray, np.ndarray | None]:

@@ -153,8 +153,8 @@ def assert_joint_law(counts: dict, n: int, sp_kw: dict, grammar=None) -> None:
     t = MockTarget(vocab=6, seed=11, sharp=1.0)
     sp = SamplingParams(**sp_kw)
     g = grammar or (lambda last: None)
-    p1 = probs(t.logits_after([1, 2]), sp, [], g(2))
-    expected = {(a, b): n * p1[a] * probs(t.logits_after([1, 2, a]), sp, [a], g(a))[b]
+    p1 = probs(t.logits_after([1, 2]), sp, [], g(2), [1, 2])
+    expected = {(a, b): n * p1[a] * probs(t.logits_after([1, 2, a]), sp, [a], g(a), [1, 2, a])[b]
                 for a in range(6) for b in range(6)}
     assert set(counts) <= {c for c, e in expected.items() if e > 0}
     cells = [(counts.get(c, 0), e) for c, e in expected.items() if e >= 5]
@@ -203,3 +203,24 @@ class MockMulti(MockTarget):
 
     def seq_clear(self, seq: int) -> None:
         self.seqs[seq] = []
+
+
+class MockExact(MockTarget):
+    """A mock whose decodes keep one-token numbers up to `rows` tokens (what LlamaTarget's
+    start-up check measures) and that prefills the way llama_cpp.Llama does."""
+
+    def __init__(self, rows: int = 3, **kw):
+        super().__init__(**kw)
+        self.rows, self.batches, self.prefills = rows, [], []
+
+    def invariant_batch(self) -> int:
+        return self.rows
+
+    def prefill(self, tokens, last_logits=False):
+        self.prefills.append(list(tokens))
+        self.tokens.extend(tokens)
+        return self.logits_after(self.tokens) if last_logits and tokens else None
+
+    def decode(self, tokens, **kw):
+        self.batches.append(len(tokens))
+        return super().decode(tokens, **kw)

@@ -1,0 +1,129 @@
+"""Which libllama llama-cpp-python loads: the batch-invariant build edgespec makes, or the stock one.
+
+llama.cpp's CPU kernels change with the number of tokens in a batch (repacked quantized weights
+and llamafile's sgemm take over for bigger batches), so a speculative pass over k + 1 tokens can
+give other logits than k + 1 one-token decodes, and greedy text then drifts after a near-tie.
+Built from the same vendored source with `INVARIANT_FLAGS`, the kernels are the same for small
+batches: the engine checks, once per library and model, up to how many tokens one decode gives
+bit-identical logits (`LlamaTarget.invariant_batch`), and greedy decoding with the full LM head
+then verifies at most that many rows per pass, which makes its text equal plain decoding's.
+
+`edgespec build-llama-lib` (run by `make setup`) builds that library with pip from the
+llama-cpp-python sdist of the installed version into the cache (`llama-lib/<version>-invariant`).
+Importing edgespec points llama-cpp-python at it (its `LLAMA_CPP_LIB_PATH`) when the build is
+there, llama_cpp is not imported yet and the user set no library path; `EDGESPEC_LLAMA_LIB=stock`
+keeps the stock library, `=invariant` requires the built one. A folder holding the build carries
+`MARKER`, so anyone can tell which library a process runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+from edgespec.cache import built_folder, cache_root
+from edgespec.errors import EdgespecError
+
+INVARIANT_FLAGS = ("-DGGML_CPU_REPACK=OFF", "-DGGML_LLAMAFILE=OFF")
+KIND = "llama-lib"
+MARKER = "edgespec-invariant-build.txt"
+SELECT_ERROR: str | None = None  # why `select` at import failed (raised where llama.cpp loads)
+
+
+def binding_version() -> str | None:
+    try:
+        return metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def invariant_lib_dir(version: str | None = None) -> Path:
+    return cache_root() / KIND / f"{version or binding_version()}-invariant"
+
+
+def _has_lib(folder: Path) -> bool:
+    return (folder / MARKER).is_file() and (any(folder.glob("libllama.*"))
+                                             or any(folder.glob("llama.dll")))
+
+
+def select() -> str:
+    """Point llama-cpp-python at the invariant build before it loads a library (see the module
+    doc). Returns what was chosen: "invariant", "stock", or "preset" (llama_cpp was already
+    imported, or LLAMA_CPP_LIB_PATH was set by the user)."""
+    choice = os.environ.get("EDGESPEC_LLAMA_LIB", "auto").strip().lower() or "auto"
+    if choice not in ("auto", "stock", "invariant"):
+        raise EdgespecError(f"EDGESPEC_LLAMA_LIB={choice}: choose auto, stock or invariant")
+    if "llama_cpp" in sys.modules or os.environ.get("LLAMA_CPP_LIB_PATH"):
+        return "preset"
+    if choice == "stock":
+        return "stock"
+    folder = invariant_lib_dir()
+    if _has_lib(folder):
+        os.environ["LLAMA_CPP_LIB_PATH"] = str(folder)
+        return "invariant"
+    if choice == "invariant":
+        raise EdgespecError(f"EDGESPEC_LLAMA_LIB=invariant but {folder} holds no library; "
+                            "run: edgespec build-llama-lib")
+    return "stock"
+
+
+def select_at_import() -> None:
+    """`select`, keeping its error for the engine to raise (importing edgespec never fails)."""
+    global SELECT_ERROR
+    try:
+        select()
+    except EdgespecError as e:
+        SELECT_ERROR = str(e)
+
+
+def loaded_lib_dir() -> Path:
+    """The folder the imported llama_cpp took its libllama from."""
+    from llama_cpp import llama_cpp as binding
+
+    return Path(binding._base_path).resolve()
+
+
+def loaded_is_invariant() -> bool:
+    """Whether this process's llama.cpp is an invariant build (it carries `MARKER`)."""
+    return (loaded_lib_dir() / MARKER).is_file()
+
+
+def build(python: str = sys.executable, log=print) -> Path:
+    """The invariant libllama (and its ggml libraries) for the installed llama-cpp-python,
+    built once into the cache: pip builds a wheel from the sdist with `INVARIANT_FLAGS`
+    (multimodal library off), and its `llama_cpp/lib` folder is kept."""
+    version = binding_version()
+    if version is None:
+        raise EdgespecError("llama-cpp-python is not installed; run: pip install edgespec")
+
+    def make(dest: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="edgespec-llama-lib.") as work:
+            env = dict(os.environ, CMAKE_ARGS=" ".join((*INVARIANT_FLAGS, "-DLLAVA_BUILD=OFF")))
+            env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+            cmd = [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-cache-dir",
+                   "--no-binary", "llama-cpp-python", f"llama-cpp-python=={version}", "-w", work]
+            log(f"building llama.cpp {version} with {' '.join(INVARIANT_FLAGS)} (several minutes)")
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+                raise EdgespecError(f"building llama-cpp-python {version} failed: {tail}")
+            wheels = list(Path(work).glob("llama_cpp_python-*.whl"))
+            if not wheels:
+                raise EdgespecError("pip built no llama-cpp-python wheel")
+            with zipfile.ZipFile(wheels[0]) as z:
+                for name in z.namelist():
+                    if name.startswith("llama_cpp/lib/") and not name.endswith("/"):
+                        out = dest / Path(name).name
+                        out.write_bytes(z.read(name))
+                        out.chmod(0o755)
+            (dest / MARKER).write_text(f"llama-cpp-python {version} built with "
+                                       f"{' '.join(INVARIANT_FLAGS)}\n")
+            if not _has_lib(dest):
+                raise EdgespecError("the built wheel holds no libllama")
+
+    return built_folder(KIND, f"{version}-invariant", make, keep=2, log=log)

@@ -35,12 +35,15 @@ class SpeculativeLlama:
     def __init__(self, model_path, n_ctx: int = 512, n_threads: int | None = None,
                  n_batch: int = 512, seed: int | None = None, draft: str | None = "default",
                  k: int | None = None, policy: str = "cost", verbose: bool = False,
-                 lm_head: str = "auto", last_n_tokens_size: int = 64, **_placement):
+                 lm_head: str = "auto", last_n_tokens_size: int = 64, flash_attn: bool = False,
+                 **_placement):
         """model_path: a GGUF file, a known target name, an ONNX target folder, or an open
         engine. `_placement`: llama_cpp.Llama's loading options (n_gpu_layers, use_mmap, ...)
-        are accepted; edgespec runs the model on the CPU with its own settings."""
+        are accepted; edgespec runs the model on the CPU with its own settings. `flash_attn`
+        as llama_cpp.Llama (off by default): the same attention gives the same numbers."""
         self.engine = model_path if hasattr(model_path, "decode") else open_target(
-            model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head)
+            model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head,
+            flash_attn=flash_attn)
         self.model_path = str(self.engine.model_file if self.engine is model_path else model_path)
         self.drafter = make_drafter(draft, self.engine.spec)
         self.k, self.policy, self.seed = k, policy, seed
@@ -86,27 +89,65 @@ class SpeculativeLlama:
         return self.create_completion(prompt, **kw)
 
     def _run(self, ids: list[int], max_tokens: int | None, stop, seed, logprobs: int | None = None,
-             grammar=None, **sampling) -> Generation:
+             grammar=None, logits_processor=None, stopping_criteria=None, **sampling) -> Generation:
         if max_tokens is None or max_tokens <= 0:  # llama-cpp-python: until the context is full
             max_tokens = self.engine.n_ctx - len(ids)
         stop = [stop] if isinstance(stop, str) else list(stop or [])
+        if logits_processor is not None and not isinstance(logits_processor, (list, tuple)):
+            logits_processor = [logits_processor]
         sp = SamplingParams(seed=self.seed if seed is None else seed,
-                            penalty_last_n=self.last_n_tokens_size, **sampling)
+                            penalty_last_n=self.last_n_tokens_size,
+                            logits_processor=list(logits_processor) if logits_processor else None,
+                            **sampling)
         policy = make_policy(self.policy, self.k if self.drafter else 0, self.engine, greedy=sp.greedy)
         return Generation(self.engine, ids, sp, max_tokens=max_tokens, drafter=self.drafter,
-                          policy=policy, stop=stop, logprobs=logprobs, grammar=grammar)
+                          policy=policy, stop=stop, logprobs=logprobs, grammar=grammar,
+                          stopping=_criteria(stopping_criteria))
 
-    def _token_logprobs(self, gen: Generation) -> list[tuple[str, float, list[tuple[str, float]]]]:
-        """(token text, logprob, [(top token text, logprob), ...]) per emitted token, end of
-        generation tokens left out, as llama-cpp-python reports them."""
+    def _token_logprobs(self, gen: Generation, start: int = 0,
+                        end: int | None = None) -> list[tuple[str, float, list[tuple[str, float]]]]:
+        """(token text, logprob, [(top token text, logprob), ...]) per emitted token (those from
+        `start` to `end`), end of generation tokens left out, as llama-cpp-python reports them."""
         def text(t: int) -> str:
             return self.engine.token_bytes(t).decode("utf-8", errors="ignore")
 
         out = []
-        for tok, (lp, top) in zip(gen.token_ids, gen.logprobs):
+        for tok, (lp, top) in list(zip(gen.token_ids, gen.logprobs))[start:end]:
             if not self.engine.is_eog(tok):
                 out.append((text(tok), lp, [(text(t), v) for t, v in top]))
         return out
+
+    @staticmethod
+    def _completion_logprobs(rows, at: int) -> dict:
+        """llama-cpp-python's completion logprobs for these rows, text offsets from `at`."""
+        offsets = []
+        for tok_text, _, _ in rows:
+            offsets.append(at)
+            at += len(tok_text)
+        return {"tokens": [r[0] for r in rows], "text_offset": offsets,
+                "token_logprobs": [r[1] for r in rows],
+                "top_logprobs": [{**dict(r[2]), r[0]: r[1]} for r in rows]}
+
+    @staticmethod
+    def _chat_logprobs(rows) -> dict:
+        return {"content": [{"token": t, "logprob": lp, "bytes": None,
+                             "top_logprobs": [{"token": u, "logprob": v, "bytes": None}
+                                              for u, v in top]}
+                            for t, lp, top in rows], "refusal": None}
+
+    def _pieces(self, gen: Generation, with_logprobs: bool):
+        """(text piece, logprob rows of the tokens emitted since the last piece) as the
+        generation streams; a last ("", rest) carries tokens whose text never showed."""
+        done = 0
+        for _, piece in gen:
+            if piece:
+                n = len(gen.token_ids)
+                yield piece, self._token_logprobs(gen, done, n) if with_logprobs else None
+                done = n
+        if with_logprobs and done < len(gen.token_ids):
+            rest = self._token_logprobs(gen, done)
+            if rest:
+                yield "", rest
 
     def _stats(self, gen: Generation) -> dict:
         self.last_stats = gen.stats.to_dict()
@@ -132,30 +173,24 @@ class SpeculativeLlama:
                           model: str | None = None, stopping_criteria=None,
                           logits_processor=None, grammar=None, logit_bias: dict | None = None):
         _refuse(suffix=suffix, mirostat_mode=mirostat_mode or None,
-                stopping_criteria=stopping_criteria, logits_processor=logits_processor,
-                **{"logprobs with stream or echo": logprobs is not None and (stream or echo) or None})
+                **{"logprobs with echo": logprobs is not None and echo or None})
         ids = list(prompt) if isinstance(prompt, list) else self.engine.tokenize(prompt)
         text_in = prompt if isinstance(prompt, str) else self.detokenize(ids).decode("utf-8", "replace")
         gen = self._run(ids, max_tokens, stop, seed, logprobs,
-                        Grammar.for_engine(self.engine, grammar), **_sampling(
+                        Grammar.for_engine(self.engine, grammar), logits_processor,
+                        stopping_criteria, **_sampling(
             temperature, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,
             presence_penalty, logit_bias))
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         if stream:
-            return self._stream_completion(gen, cid, created, text_in if echo else "")
+            return self._stream_completion(gen, cid, created, text_in if echo else "",
+                                           len(text_in) if logprobs is not None else None)
         for _ in gen:
             pass
         text = (text_in if echo else "") + gen.text
         lps = None
         if logprobs is not None:
-            rows = self._token_logprobs(gen)
-            offsets, at = [], len(text_in)
-            for tok_text, _, _ in rows:
-                offsets.append(at)
-                at += len(tok_text)
-            lps = {"tokens": [r[0] for r in rows], "text_offset": offsets,
-                   "token_logprobs": [r[1] for r in rows],
-                   "top_logprobs": [{**dict(r[2]), r[0]: r[1]} for r in rows]}
+            lps = self._completion_logprobs(self._token_logprobs(gen), len(text_in))
         return {"id": cid, "object": "text_completion", "created": created, "model": self.model_path,
                 "choices": [{"text": text, "index": 0, "logprobs": lps,
                              "finish_reason": self._finish(gen)}],
@@ -163,16 +198,22 @@ class SpeculativeLlama:
                           "total_tokens": len(ids) + gen.stats.tokens},
                 "speculative": self._stats(gen)}
 
-    def _stream_completion(self, gen, cid, created, echo_text) -> Iterator[dict]:
-        def chunk(text, finish):
+    def _stream_completion(self, gen, cid, created, echo_text, logprobs_at: int | None) -> Iterator[dict]:
+        """Chunks as llama-cpp-python streams them; with logprobs (`logprobs_at`: the prompt
+        text's length, where offsets start) each chunk carries its tokens'."""
+        def chunk(text, finish, lps=None):
             return {"id": cid, "object": "text_completion", "created": created, "model": self.model_path,
-                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"text": text, "index": 0, "logprobs": lps, "finish_reason": finish}]}
 
         if echo_text:
             yield chunk(echo_text, None)
-        for _, piece in gen:
-            if piece:
-                yield chunk(piece, None)
+        at = logprobs_at
+        for piece, rows in self._pieces(gen, logprobs_at is not None):
+            lps = None
+            if rows is not None:
+                lps = self._completion_logprobs(rows, at)
+                at += sum(len(r[0]) for r in rows)
+            yield chunk(piece, None, lps)
         final = chunk("", self._finish(gen))
         final["speculative"] = self._stats(gen)
         yield final
@@ -189,53 +230,117 @@ class SpeculativeLlama:
                                model: str | None = None, logits_processor=None, grammar=None,
                                logit_bias: dict | None = None, logprobs: bool | None = None,
                                top_logprobs: int | None = None):
-        _refuse(functions=functions, function_call=function_call, tools=tools,
-                tool_choice=None if tool_choice in (None, "none", "auto") else tool_choice,
-                mirostat_mode=mirostat_mode or None, logits_processor=logits_processor,
-                **{"logprobs with stream": bool(logprobs and stream) or None})
+        _refuse(mirostat_mode=mirostat_mode or None)
         if response_format is not None and not isinstance(response_format, dict):
             raise EdgespecError("response_format must be an object such as {\"type\": \"json_object\"}")
-        constrain = Grammar.for_engine(
-            self.engine, grammar,
-            None if not response_format or response_format.get("type") == "text" else response_format)
-        prompt = render_chat(self.engine.spec, messages)
+        tools, tool_choice = _tools(functions, function_call, tools, tool_choice)
+        tool = _chosen_tool(tools, tool_choice)
+        if tool is not None:  # as llama-cpp-python: the arguments follow the tool's schema
+            params = tool["function"].get("parameters")
+            try:
+                constrain = Grammar.for_engine(self.engine, None, {"type": "json_object", "schema": params}
+                                               if params else {"type": "json_object"})
+            except EdgespecError:  # a schema the converter cannot take: any JSON object
+                constrain = Grammar.for_engine(self.engine, None, {"type": "json_object"})
+        else:
+            constrain = Grammar.for_engine(
+                self.engine, grammar,
+                None if not response_format or response_format.get("type") == "text" else response_format)
+        prompt = render_chat(self.engine.spec, messages, tools=tools, tool_choice=tool_choice)
         if not self.engine.spec.chat_template:
             stop = list(stop or []) + ["\nUser:"] if not isinstance(stop, str) else [stop, "\nUser:"]
         ids = self.engine.tokenize(prompt)
         gen = self._run(ids, max_tokens, stop, seed, (top_logprobs or 0) if logprobs else None,
-                        constrain, **_sampling(temperature, top_k, top_p, min_p, typical_p, repeat_penalty,
-                                    frequency_penalty, presence_penalty, logit_bias))
+                        constrain, logits_processor, None, **_sampling(
+                            temperature, top_k, top_p, min_p, typical_p, repeat_penalty,
+                            frequency_penalty, presence_penalty, logit_bias))
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
+        name = tool["function"]["name"] if tool is not None else None
         if stream:
-            return self._stream_chat(gen, cid, created)
+            return self._stream_chat(gen, cid, created, bool(logprobs), name)
         for _ in gen:
             pass
-        lps = None
-        if logprobs:
-            lps = {"content": [{"token": t, "logprob": lp, "bytes": None,
-                                "top_logprobs": [{"token": u, "logprob": v, "bytes": None}
-                                                 for u, v in top]}
-                               for t, lp, top in self._token_logprobs(gen)], "refusal": None}
+        lps = self._chat_logprobs(self._token_logprobs(gen)) if logprobs else None
+        message: dict = {"role": "assistant", "content": gen.text}
+        finish = self._finish(gen)
+        if name is not None:
+            call = {"name": name, "arguments": gen.text}
+            message = {"role": "assistant", "content": None, "function_call": call,
+                       "tool_calls": [{"id": f"call__0_{name}_{cid}", "type": "function",
+                                       "function": dict(call)}]}
+            finish = "tool_calls"
         return {"id": cid, "object": "chat.completion", "created": created, "model": self.model_path,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
-                             "logprobs": lps, "finish_reason": self._finish(gen)}],
+                "choices": [{"index": 0, "message": message, "logprobs": lps, "finish_reason": finish}],
                 "usage": {"prompt_tokens": len(ids), "completion_tokens": gen.stats.tokens,
                           "total_tokens": len(ids) + gen.stats.tokens},
                 "speculative": self._stats(gen)}
 
-    def _stream_chat(self, gen, cid, created) -> Iterator[dict]:
-        def chunk(delta, finish):
+    def _stream_chat(self, gen, cid, created, logprobs: bool, tool: str | None) -> Iterator[dict]:
+        """Chunks as llama-cpp-python streams them: a role chunk, content deltas (with their
+        tokens' logprobs when asked), a final chunk; a named tool's arguments stream as
+        tool_calls deltas."""
+        def chunk(delta, finish, lps=None):
             return {"id": cid, "object": "chat.completion.chunk", "created": created,
                     "model": self.model_path,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}]}
 
-        yield chunk({"role": "assistant"}, None)
-        for _, piece in gen:
-            if piece:
-                yield chunk({"content": piece}, None)
-        final = chunk({}, self._finish(gen))
+        call_id = f"call__0_{tool}_{cid}"
+        if tool is None:
+            yield chunk({"role": "assistant"}, None)
+        else:
+            yield chunk({"role": "assistant", "content": None, "function_call": None,
+                         "tool_calls": None}, None)
+        for piece, rows in self._pieces(gen, logprobs):
+            lps = self._chat_logprobs(rows) if rows is not None else None
+            if tool is None:
+                yield chunk({"content": piece} if piece else {}, None, lps)
+            else:
+                yield chunk({"role": None, "content": None,
+                             "function_call": {"name": tool, "arguments": piece},
+                             "tool_calls": [{"index": 0, "id": call_id, "type": "function",
+                                             "function": {"name": tool, "arguments": piece}}]},
+                            None, lps)
+        final = chunk({}, "tool_calls" if tool is not None else self._finish(gen))
         final["speculative"] = self._stats(gen)
         yield final
+
+
+def _tools(functions, function_call, tools, tool_choice):
+    """OpenAI's legacy `functions` / `function_call` as tools / tool_choice (llama-cpp-python's rule)."""
+    if functions is not None:
+        tools = [{"type": "function", "function": f} for f in functions]
+    if function_call is not None:
+        if isinstance(function_call, str) and function_call in ("none", "auto"):
+            tool_choice = function_call
+        elif isinstance(function_call, dict) and "name" in function_call:
+            tool_choice = {"type": "function", "function": {"name": function_call["name"]}}
+    return tools, tool_choice
+
+
+def _chosen_tool(tools, tool_choice) -> dict | None:
+    """The tool a request names in tool_choice (then the reply is a call to it), else None."""
+    if not isinstance(tool_choice, dict) or tools is None:
+        return None
+    try:
+        name = tool_choice["function"]["name"]
+    except (KeyError, TypeError):
+        raise EdgespecError("tool_choice must be \"none\", \"auto\" or {\"type\": \"function\", "
+                            "\"function\": {\"name\": ...}}") from None
+    tool = next((t for t in tools if t.get("function", {}).get("name") == name), None)
+    if tool is None:
+        raise EdgespecError(f"tool_choice names {name!r}, which is not among the tools")
+    return tool
+
+
+def _criteria(stopping_criteria):
+    """llama-cpp-python's StoppingCriteriaList (or one callable, or a list of them) as one
+    callable (ids, logits) -> bool; None when there are none."""
+    if not stopping_criteria:
+        return None
+    if callable(stopping_criteria) and not isinstance(stopping_criteria, list):
+        return stopping_criteria
+    funcs = list(stopping_criteria)
+    return lambda ids, logits: any(f(ids, logits) for f in funcs)
 
 
 def _sampling(temperature, top_k, top_p, min_p, typical_p, repeat_penalty, frequency_penalty,

@@ -6,8 +6,10 @@ from edgespec.errors import EdgespecError
 from edgespec.targets import TargetSpec
 
 
-def render_chat(spec: TargetSpec, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """The prompt text for `messages`; base models without a template get plain turns."""
+def render_chat(spec: TargetSpec, messages: list[dict], add_generation_prompt: bool = True,
+                tools: list | None = None, tool_choice=None) -> str:
+    """The prompt text for `messages`; base models without a template get plain turns. The
+    template sees `tools` and `tool_choice` (as llama-cpp-python passes them) where it uses them."""
     if not spec.chat_template:
         return "\n".join(m["content"] for m in messages) + ("\n" if add_generation_prompt else "")
     import jinja2
@@ -17,7 +19,7 @@ def render_chat(spec: TargetSpec, messages: list[dict], add_generation_prompt: b
     try:
         tmpl = env.from_string(spec.chat_template)
         return tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                           bos_token="", eos_token="")
+                           bos_token="", eos_token="", tools=tools, tool_choice=tool_choice)
     except jinja2.TemplateError as e:
         raise EdgespecError(f"the target's chat template failed to render ({e})") from None
 

@@ -27,6 +27,9 @@ class SamplingParams:
     presence_penalty: float = 0.0  # minus this for every recent token
     penalty_last_n: int = 64  # generated tokens the penalties look back over
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    # llama-cpp-python's logits processors, first in the chain: f(input_ids, scores) -> scores,
+    # input_ids every token before the one chosen (prompt included), scores float32 [V]
+    logits_processor: list | None = None
 
     def __post_init__(self):
         if self.seed is not None and self.seed < 0:
@@ -59,7 +62,7 @@ class SamplingParams:
     def adjusts_logits(self) -> bool:
         """Whether a token's logit depends on more than the model (bias or penalties): greedy
         decoding then needs every logit, not only the top ones."""
-        return bool(self.logit_bias) or self.penalizes
+        return bool(self.logit_bias) or self.penalizes or bool(self.logits_processor)
 
     @property
     def penalizes(self) -> bool:
@@ -68,10 +71,17 @@ class SamplingParams:
                                             or self.presence_penalty != 0.0)
 
 
-def adjusted(logits: np.ndarray, p: SamplingParams, recent=()) -> np.ndarray:
-    """Logits after the logit bias and the repetition penalties over `recent` (the tokens
-    generated so far; the last `penalty_last_n` count). [V] float64."""
-    x = logits.astype(np.float64)
+def adjusted(logits: np.ndarray, p: SamplingParams, recent=(), ids=()) -> np.ndarray:
+    """Logits after the logits processors (given `ids`, every token before this one), the
+    logit bias and the repetition penalties over `recent` (the tokens generated so far; the
+    last `penalty_last_n` count). [V] float64."""
+    if p.logits_processor:
+        x32, arr = np.array(logits, dtype=np.float32), np.asarray(ids, dtype=np.intc)
+        for f in p.logits_processor:
+            x32[:] = f(arr, x32)
+        x = x32.astype(np.float64)
+    else:
+        x = logits.astype(np.float64)
     for tok, b in (p.logit_bias or {}).items():
         if 0 <= tok < x.size:
             x[tok] += b
@@ -84,10 +94,10 @@ def adjusted(logits: np.ndarray, p: SamplingParams, recent=()) -> np.ndarray:
     return x
 
 
-def probs(logits: np.ndarray, p: SamplingParams, recent=(), grammar=None) -> np.ndarray:
+def probs(logits: np.ndarray, p: SamplingParams, recent=(), grammar=None, ids=()) -> np.ndarray:
     """The distribution that sampling draws from, llama.cpp's chain (see SamplingParams; a
     grammar masks right after the penalties, where llama-cpp-python puts it). [V] float64."""
-    x = adjusted(logits, p, recent)
+    x = adjusted(logits, p, recent, ids)
     if grammar is not None:
         x = grammar.mask(x)
     if p.top_k and p.top_k < x.size:
@@ -141,16 +151,16 @@ def _top_p(x: np.ndarray, top_p: float) -> np.ndarray:
 
 
 def sample(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, recent=(),
-           grammar=None) -> int:
+           grammar=None, ids=()) -> int:
     """One token from the target's logits: argmax when greedy, else a draw from `probs`.
     `grammar`: anything with `allows(tokens)` and `mask(logits)` (see runtime/grammar.py)."""
     if p.greedy:
-        x = adjusted(logits, p, recent) if p.adjusts_logits else logits
+        x = adjusted(logits, p, recent, ids) if p.adjusts_logits else logits
         top = int(np.argmax(x))
         if grammar is None or grammar.allows([top])[0]:  # masking only removes tokens
             return top
         return int(np.argmax(grammar.mask(x)))
-    return draw(probs(logits, p, recent, grammar), rng)
+    return draw(probs(logits, p, recent, grammar, ids), rng)
 
 
 def draw(dist: np.ndarray, rng: np.random.Generator) -> int:

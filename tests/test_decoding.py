@@ -11,7 +11,7 @@ from edgespec.errors import EdgespecError
 from edgespec.runtime.decoding import Generation
 from edgespec.runtime.policies import FixedK
 from edgespec.runtime.sampling import SamplingParams, probs
-from mock import MockTarget, NoisyOracle, SamplingDrafter
+from mock import MockExact, MockTarget, NoisyOracle, SamplingDrafter, assert_joint_law
 
 
 def plain_greedy(t: MockTarget, prompt, n):
@@ -317,3 +317,96 @@ def test_grammar_constrained_sampling_keeps_the_constrained_law():
         key = tuple(tok for tok, _ in g)
         counts[key] = counts.get(key, 0) + 1
     assert_joint_law(counts, n, sp_kw, grammar=ParityGrammar)
+
+
+def boost_last(ids, scores):
+    """A logits processor that depends on the prefix: the token equal to the last one gains 2."""
+    out = scores.copy()
+    out[int(ids[-1]) % len(out)] += 2.0
+    return out
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_logits_processors_see_every_token_before_the_choice(k):
+    """Greedy: each verified row's processor call sees the prompt, the emitted tokens and the
+    drafts before that row, so speculative output equals a plain loop applying it."""
+    t = MockTarget(seed=9, sharp=1.0)
+    ctx = [1, 2]
+    for _ in range(30):
+        ctx.append(int(np.argmax(boost_last(ctx, t.logits_after(ctx).astype(np.float32)))))
+    g = Generation(t, [1, 2], SamplingParams(logits_processor=[boost_last]), max_tokens=30,
+                   drafter=NoisyOracle(t, err=0.3) if k else None, policy=FixedK(k))
+    assert [tok for tok, _ in g] == ctx[2:]
+    assert ctx[2:] != plain_greedy(MockTarget(seed=9, sharp=1.0), [1, 2], 30)  # it did something
+
+
+def test_logits_processors_keep_the_sampling_law():
+    sp_kw = {"temperature": 0.9, "logits_processor": [boost_last]}
+    n, counts = 3000, {}
+    for seed in range(n):
+        t = MockTarget(vocab=6, seed=11, sharp=1.0)
+        g = Generation(t, [1, 2], SamplingParams(seed=seed, **sp_kw), max_tokens=2,
+                       drafter=NoisyOracle(t, err=0.5, seed=10**6 + seed), policy=FixedK(2))
+        key = tuple(tok for tok, _ in g)
+        counts[key] = counts.get(key, 0) + 1
+    assert_joint_law(counts, n, sp_kw)
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_stopping_criteria_end_before_the_token_they_refuse(k):
+    """As llama-cpp-python: criteria(ids before the new token, its logits) -> True ends the
+    generation ("stop") without that token; drafts past it are not emitted either."""
+    t = MockTarget(seed=4)
+    seen = []
+
+    def after_five(ids, logits):
+        seen.append((len(ids), logits.dtype, logits.shape))
+        return len(ids) >= 3 + 5
+
+    g = Generation(t, [1, 2, 3], SamplingParams(), max_tokens=40, stopping=after_five,
+                   drafter=NoisyOracle(t, err=0.0) if k else None, policy=FixedK(k))
+    toks = [tok for tok, _ in g]
+    assert toks == plain_greedy(MockTarget(seed=4), [1, 2, 3], 5)
+    assert g.stats.finish_reason == "stop"
+    assert seen[0] == (3, np.float32, (12,)) and seen[-1][0] == 8
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_exact_mode_caps_verify_rows_and_prefills_like_llama_cpp(rows):
+    """Where the engine's decodes keep one-token numbers up to `rows` tokens, greedy
+    verification never sends more, the whole prompt is prefilled with its last row's logits
+    choosing the first token, and the stats say the run is exact; sampling is never exact."""
+    t = MockExact(rows=rows, seed=7)
+    g = Generation(t, [1, 2, 3], SamplingParams(), max_tokens=40, drafter=NoisyOracle(t, err=0.0),
+                   policy=FixedK(6))
+    assert [tok for tok, _ in g] == plain_greedy(MockTarget(seed=7), [1, 2, 3], 40)
+    assert g.stats.exact and max(t.batches) == rows and t.prefills == [[1, 2, 3]]
+    assert g.stats.mean_accepted > rows - 0.5  # perfect drafts, `rows` tokens a pass
+    again = Generation(t, [1, 2, 3], SamplingParams(), max_tokens=5)  # prompt cached: replay one
+    assert [tok for tok, _ in again] == plain_greedy(MockTarget(seed=7), [1, 2, 3], 5)
+    assert t.prefills[-1] == [3] and again.stats.prompt_reused == 2
+    assert not Generation(t, [1, 2], SamplingParams(temperature=0.8, seed=1), max_tokens=4).stats.exact
+    assert not Generation(MockExact(rows=1), [1, 2], SamplingParams(), max_tokens=4).stats.exact
+
+
+@pytest.mark.parametrize("stream_stop", [None, ["ca"]])
+def test_streamed_logprobs_join_to_the_non_streamed_ones(stream_stop):
+    """Completion and chat streams carry each chunk's tokens' logprobs (llama-cpp-python's
+    format); over the whole stream they are the non-streamed response's, text offsets too."""
+    from edgespec.runtime.api import SpeculativeLlama
+
+    llm = SpeculativeLlama(MockTarget(vocab=26, seed=7, n_ctx=256), draft="lookup")
+    kw = dict(temperature=0, max_tokens=24, logprobs=2, stop=stream_stop)
+    whole = llm.create_completion("abcab", **kw)["choices"][0]
+    chunks = list(llm.create_completion("abcab", stream=True, **kw))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
+    parts = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]
+    for field in ("tokens", "text_offset", "token_logprobs", "top_logprobs"):
+        assert [x for p in parts for x in p[field]] == whole["logprobs"][field]
+    msgs = [{"role": "user", "content": "abc"}]
+    chat = llm.create_chat_completion(messages=msgs, temperature=0, max_tokens=12, logprobs=True,
+                                      top_logprobs=2)["choices"][0]["logprobs"]["content"]
+    streamed = [x for c in llm.create_chat_completion(messages=msgs, temperature=0, max_tokens=12,
+                                                      logprobs=True, top_logprobs=2, stream=True)
+                if c["choices"][0]["logprobs"] for x in c["choices"][0]["logprobs"]["content"]]
+    assert streamed == chat and len(chat) == 12

@@ -124,8 +124,9 @@ def test_bad_requests_get_openai_style_errors(served):
     assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
     status, body = http(srv, "POST", "/v1/chat/completions",
                         {"messages": [{"role": "user", "content": "x"}],
-                         "tools": [{"type": "function", "function": {"name": "f"}}]})
-    assert status == 400 and "tools" in json.loads(body)["error"]["message"]
+                         "tools": [{"type": "function", "function": {"name": "f"}}],
+                         "tool_choice": {"type": "function", "function": {"name": "g"}}})
+    assert status == 400 and "tool_choice" in json.loads(body)["error"]["message"]
     status, body = http(srv, "POST", "/v1/completions", {"prompt": "a", "temperature": -0.0,
                                                          "top_p": 0.5, "bogus": 1})
     assert status == 400 and "bogus" in body

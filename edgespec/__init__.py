@@ -8,7 +8,7 @@ torch nor transformers.
 from edgespec.errors import EdgespecError
 from edgespec.llama_lib import select_at_import
 
-# before anything imports llama_cpp: its batch-invariant build where edgespec built one
+# before anything imports llama_cpp: its batch-invariant build where EDGESPEC_LLAMA_LIB asks for it
 select_at_import()
 
 __version__ = "0.1.0"

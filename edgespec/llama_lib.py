@@ -10,10 +10,12 @@ then verifies at most that many rows per pass, which makes its text equal plain 
 
 `edgespec build-llama-lib` (run by `make setup`) builds that library with pip from the
 llama-cpp-python sdist of the installed version into the cache (`llama-lib/<version>-invariant`).
-Importing edgespec points llama-cpp-python at it (its `LLAMA_CPP_LIB_PATH`) when the build is
-there, llama_cpp is not imported yet and the user set no library path; `EDGESPEC_LLAMA_LIB=stock`
-keeps the stock library, `=invariant` requires the built one. A folder holding the build carries
-`MARKER`, so anyone can tell which library a process runs.
+It is opt-in: with `EDGESPEC_LLAMA_LIB=invariant`, importing edgespec points llama-cpp-python at
+it (its `LLAMA_CPP_LIB_PATH`) before llama_cpp loads, and fails where it was not built. Without
+the repacked kernels the transformer trunk's small batches run slower, which the low-rank LM
+head's passes (never exact anyway) feel most (results/llama-lib-cost-*.json), so the stock
+library stays the default. A folder holding the build carries `MARKER`, so anyone can tell which
+library a process runs.
 """
 
 from __future__ import annotations
@@ -52,24 +54,26 @@ def _has_lib(folder: Path) -> bool:
 
 
 def select() -> str:
-    """Point llama-cpp-python at the invariant build before it loads a library (see the module
-    doc). Returns what was chosen: "invariant", "stock", or "preset" (llama_cpp was already
-    imported, or LLAMA_CPP_LIB_PATH was set by the user)."""
-    choice = os.environ.get("EDGESPEC_LLAMA_LIB", "auto").strip().lower() or "auto"
-    if choice not in ("auto", "stock", "invariant"):
-        raise EdgespecError(f"EDGESPEC_LLAMA_LIB={choice}: choose auto, stock or invariant")
-    if "llama_cpp" in sys.modules or os.environ.get("LLAMA_CPP_LIB_PATH"):
-        return "preset"
+    """With EDGESPEC_LLAMA_LIB=invariant, point llama-cpp-python at the invariant build before
+    it loads a library (see the module doc). Returns what was chosen: "invariant", "stock", or
+    "preset" (llama_cpp was already imported, or LLAMA_CPP_LIB_PATH was set by the user)."""
+    choice = os.environ.get("EDGESPEC_LLAMA_LIB", "stock").strip().lower() or "stock"
+    if choice not in ("stock", "invariant"):
+        raise EdgespecError(f"EDGESPEC_LLAMA_LIB={choice}: choose stock (default) or invariant")
     if choice == "stock":
         return "stock"
     folder = invariant_lib_dir()
-    if _has_lib(folder):
-        os.environ["LLAMA_CPP_LIB_PATH"] = str(folder)
-        return "invariant"
-    if choice == "invariant":
+    preset = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if "llama_cpp" in sys.modules or preset:
+        if preset and (Path(preset) / MARKER).is_file():  # an invariant build (a parent chose it)
+            return "invariant"
+        raise EdgespecError("EDGESPEC_LLAMA_LIB=invariant: llama_cpp was imported (or "
+                            "LLAMA_CPP_LIB_PATH set) before edgespec; import edgespec first")
+    if not _has_lib(folder):
         raise EdgespecError(f"EDGESPEC_LLAMA_LIB=invariant but {folder} holds no library; "
                             "run: edgespec build-llama-lib")
-    return "stock"
+    os.environ["LLAMA_CPP_LIB_PATH"] = str(folder)
+    return "invariant"
 
 
 def select_at_import() -> None:

@@ -281,6 +281,7 @@ class Generation:
         try:
             if self._first_logits is not None:  # exact mode: the prefill chose the first token
                 logits, self._first_logits = self._first_logits[None, :], None
+                st.verify_passes += 1  # the prompt's pass checked it (tokens per pass stay honest)
                 _, nxt = self._accept(logits, Draft([]))
                 if self.want_logprobs is not None:
                     self._record_logprobs(logits, [nxt])

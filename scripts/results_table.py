@@ -139,6 +139,34 @@ def parallel_agreement_table(path: Path) -> str:
                  rows)
 
 
+def llama_lib_cost_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    m0 = r["machine"]
+    rows = []
+    for name, c in r["configs"].items():
+        st, inv, vs = c["stock"], c["invariant"], c["invariant_vs_stock"]
+        rows.append([name, f"{st['tok_s_median']:.1f}", f"{inv['tok_s_median']:.1f}",
+                     f"{vs['median']:.2f}x / {vs['total']:.2f}x",
+                     f"{st['same_as_llama_cpp']} / {inv['same_as_llama_cpp']} of {inv['prompts']}",
+                     f"{st['same_as_plain']} / {inv['same_as_plain']} of {inv['prompts']}",
+                     f"{st['exact_runs']} / {inv['exact_runs']}"])
+    reuse = []
+    for lib, per in r["prefix_reuse"].items():
+        for name, t in per.items():
+            reuse.append(f"{name} on the {lib} library {1000 * t['kept']['seconds_to_first_token']:.0f} ms "
+                         f"with the first turn kept vs {1000 * t['empty']['seconds_to_first_token']:.0f} ms "
+                         f"from an empty cache ({t['kept']['prompt_tokens']} prompt tokens)")
+    return (table(f"`{path.relative_to(ROOT)}` (`scripts/llama_lib_cost.py`): {r['target']}, "
+                  f"{r['prompts']} bench prompts, greedy, {r['max_tokens']} new tokens, whole calls timed "
+                  f"(prompt included), the stock and the batch-invariant llama.cpp library in alternating "
+                  f"fresh processes, {r['rounds']} rounds; {m0['cpu']}, {m0['threads']} threads.",
+                  ["configuration", "stock tok/s (median)", "invariant tok/s (median)",
+                   "invariant vs stock (median / total)", "same text as llama_cpp.Llama (stock / invariant)",
+                   "same text as edgespec plain (stock / invariant)", "runs marked exact (stock / invariant)"],
+                  rows)
+            + "\n\nA chat's second turn, time to its first token: " + "; ".join(reuse) + ".")
+
+
 def speculators_export_table(path: Path) -> str:
     r = json.loads(path.read_text())
     c = r["check"]
@@ -286,6 +314,7 @@ def render() -> str:
                                 ("export-onnx-target-*.json", onnx_target_table),
                                 ("bench-*.json", bench_table), ("serve-*.json", serve_table),
                                 ("parallel-agreement-*.json", parallel_agreement_table),
+                                ("llama-lib-cost-*.json", llama_lib_cost_table),
                                 ("export-eagle3-*.json", eagle3_export_table),
                                 ("export-speculators-*.json", speculators_export_table),
                                 ("eagle3-check-*.json", eagle3_check_table)):

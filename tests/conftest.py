@@ -2,8 +2,9 @@ import os
 import tempfile
 
 os.environ.setdefault("EDGESPEC_NO_PROGRESS", "1")
-# Importing edgespec picks llama.cpp's batch-invariant build where `make setup` built it (read
-# from the user's cache, never written) before the cache moves to the test folder below.
+# With EDGESPEC_LLAMA_LIB=invariant (make test), importing edgespec loads llama.cpp's batch-
+# invariant build from the user's cache, where `make setup` built it (read, never written),
+# before the cache moves to the test folder below.
 import edgespec  # noqa: E402,F401
 # Tests never write to the user's caches: every cache entry (the assembled Gemma file, low-rank
 # heads, verify-cost curves) goes to a folder of this test session.

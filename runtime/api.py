@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import deque
 from typing import Iterator
+
+import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.chat import render_chat
-from edgespec.runtime.decoding import Generation
+from edgespec.runtime.decoding import Generation, common_prefix
 from edgespec.runtime.drafters import make_drafter
 from edgespec.runtime.generate import open_target
 from edgespec.runtime.grammar import Grammar
@@ -77,6 +80,70 @@ class SpeculativeLlama:
 
     def set_seed(self, seed: int) -> None:
         self.seed = seed
+
+    def token_nl(self) -> int:
+        nl = getattr(self.engine, "token_nl", None)
+        return nl() if nl else self.engine.tokenize("\n", add_bos=False, special=False)[-1]
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The model file's metadata, key -> value as text (llama.cpp's reading)."""
+        meta = getattr(self.engine, "metadata", None)
+        return meta() if callable(meta) else {}
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens in the cache (the last call's prompt and reply)."""
+        return len(self.engine.tokens)
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return np.asarray(self.engine.tokens, dtype=np.intc)
+
+    @property
+    def eval_tokens(self) -> deque:
+        return deque(self.engine.tokens, maxlen=self.engine.n_ctx)
+
+    def tokenizer(self) -> "_Tokenizer":
+        return _Tokenizer(self)
+
+    @staticmethod
+    def longest_token_prefix(a, b) -> int:
+        return common_prefix(list(a), list(b))
+
+    @staticmethod
+    def logits_to_logprobs(logits, axis: int = -1) -> np.ndarray:
+        x = np.asarray(logits, dtype=np.float32)
+        m = x.max(axis=axis, keepdims=True)
+        return x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+
+    def generate(self, tokens, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0,
+                 reset: bool = True, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                 mirostat_eta: float = 0.1, penalize_nl: bool = True, logits_processor=None,
+                 stopping_criteria=None, grammar=None) -> Iterator[int]:
+        """Token ids after `tokens`, speculatively decoded, until the end of generation or of
+        the context (llama_cpp.Llama.generate's arguments; sending tokens into the generator
+        is not supported)."""
+        _refuse(mirostat_mode=mirostat_mode or None)
+        gen = self._run(list(tokens), None, None, None, None, Grammar.for_engine(self.engine, grammar),
+                        logits_processor, stopping_criteria, **_sampling(
+                            temp, top_k, top_p, min_p, typical_p, repeat_penalty,
+                            frequency_penalty, presence_penalty, None))
+        for tok, _ in gen:
+            if (yield tok) is not None:
+                raise NotImplementedError("SpeculativeLlama.generate does not take tokens sent "
+                                          "into it; start a new generate call with them")
+
+    def create_chat_completion_openai_v1(self, *args, **kwargs):
+        """create_chat_completion's result as the openai package's types."""
+        from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+        out = self.create_chat_completion(*args, **kwargs)
+        if kwargs.get("stream", False):
+            return (ChatCompletionChunk(**c) for c in out)
+        return ChatCompletion(**out)
 
     def reset(self) -> None:
         """Forget the cached prompt (the next call prefills from scratch)."""
@@ -373,6 +440,27 @@ def _not_provided(name: str):
     return method
 
 
-for _name in ("create_embedding", "embed", "eval", "generate", "sample", "save_state",
-              "load_state", "set_cache", "tokenizer"):
+class _Tokenizer:
+    """llama-cpp-python's tokenizer interface (LlamaTokenizer) over the model's vocabulary."""
+
+    def __init__(self, llm: SpeculativeLlama):
+        self.llm = llm
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.llm.tokenize(text, add_bos, special)
+
+    def detokenize(self, tokens: list[int], prev_tokens=None, special: bool = False) -> bytes:
+        return self.llm.detokenize(tokens, prev_tokens, special)
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.tokenize(text.encode("utf-8", errors="ignore"), add_bos, special)
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.detokenize(tokens).decode("utf-8", errors="ignore")
+
+
+# llama_cpp.Llama's methods that edgespec does not provide (embeddings, manual eval/sample
+# steps, state snapshots, hub downloads): each raises NotImplementedError naming itself.
+for _name in ("create_embedding", "embed", "eval", "sample", "save_state", "load_state",
+              "set_cache", "from_pretrained", "pooling_type", "eval_logits", "__getstate__"):
     setattr(SpeculativeLlama, _name, _not_provided(_name))

@@ -142,6 +142,23 @@ class LlamaVocab:
     def is_eog(self, token: int) -> bool:
         return bool(lc.llama_vocab_is_eog(self._vocab, token))
 
+    def token_nl(self) -> int:
+        """The vocabulary's newline token (llama.cpp's choice)."""
+        return int(lc.llama_vocab_nl(self._vocab))
+
+
+class VocabOnly(LlamaVocab):
+    """A target's tokenizer alone (llama.cpp's vocabulary of its GGUF file, no weights)."""
+
+    def __init__(self, spec: TargetSpec):
+        self.spec = spec
+        self._model, self._vocab = load_vocab_only(spec)
+
+    def __del__(self):
+        if getattr(self, "_model", None):
+            lc.llama_model_free(self._model)
+            self._model = None
+
 
 def load_vocab_only(spec: TargetSpec):
     """A llama.cpp model handle with the vocabulary only (no weights): for other engines."""
@@ -234,6 +251,22 @@ class LlamaTarget(LlamaVocab):
         self.lowrank: LowRankInfo | None = self.lowrank_head.info if self.lowrank_head else None
         self.feature_layers: tuple[int, ...] = ()  # layer inputs every hidden read carries too
         self.draft_k = 6 if self.lowrank else 3
+
+    def metadata(self) -> dict[str, str]:
+        """The GGUF metadata as llama.cpp reads it (key -> value as text)."""
+        out, buf = {}, ctypes.create_string_buffer(1 << 16)
+        for i in range(lc.llama_model_meta_count(self._model)):
+            if lc.llama_model_meta_key_by_index(self._model, i, buf, len(buf)) < 0:
+                continue
+            key = buf.value.decode("utf-8", errors="replace")
+            n = lc.llama_model_meta_val_str_by_index(self._model, i, buf, len(buf))
+            if n >= len(buf):  # a long value (a chat template): read it whole
+                big = ctypes.create_string_buffer(n + 1)
+                lc.llama_model_meta_val_str_by_index(self._model, i, big, len(big))
+                out[key] = big.value.decode("utf-8", errors="replace")
+            elif n >= 0:
+                out[key] = buf.value.decode("utf-8", errors="replace")
+        return out
 
     def describe_lm_head(self, greedy: bool = True) -> str:
         """The LM head verification uses (greedy passes may use the low-rank one), for reports."""

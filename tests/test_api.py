@@ -109,12 +109,33 @@ def test_two_streams_from_one_model_raise_instead_of_mixing(pair):
 
 
 def test_the_rest_of_llamas_surface_works_or_names_itself(pair):
-    ref, _, spec = pair
-    assert (spec.n_vocab(), spec.n_ctx(), spec.token_eos(), spec.token_bos()) == \
-        (ref.n_vocab(), ref.n_ctx(), ref.token_eos(), ref.token_bos())
+    import itertools
+
+    ref, plain, spec = pair
+    assert (spec.n_vocab(), spec.n_ctx(), spec.token_eos(), spec.token_bos(), spec.token_nl()) == \
+        (ref.n_vocab(), ref.n_ctx(), ref.token_eos(), ref.token_bos(), ref.token_nl())
     assert spec.tokenize(b"Hello world") == ref.tokenize(b"Hello world")
-    with pytest.raises(NotImplementedError, match="create_embedding"):
-        spec.create_embedding("text")
+    tok, rtok = spec.tokenizer(), ref.tokenizer()
+    assert tok.encode("Hello world") == rtok.encode("Hello world")
+    assert tok.decode(tok.encode("Hello world", add_bos=False)) == "Hello world"
+    assert spec.metadata == ref.metadata and "general.architecture" in spec.metadata
+    ids = ref.tokenize(b"The capital of France is")
+    want = list(itertools.islice(ref.generate(ids, temp=0), 12))
+    assert list(itertools.islice(plain.generate(ids, temp=0), 12)) == want
+    for llm in (ref, plain):
+        llm.create_completion("The capital of France is", temperature=0, max_tokens=6)
+    assert plain.n_tokens == ref.n_tokens and list(plain.input_ids) == list(ref.input_ids[:ref.n_tokens])
+    assert spec.longest_token_prefix([1, 2, 3], [1, 2, 4]) == ref.longest_token_prefix([1, 2, 3], [1, 2, 4])
+    for name, call in [("create_embedding", lambda: spec.create_embedding("text")),
+                       ("save_state", spec.save_state), ("eval", lambda: spec.eval([1]))]:
+        with pytest.raises(NotImplementedError, match=name):
+            call()
+    if is_chat(spec):
+        from openai.types.chat import ChatCompletion
+
+        out = spec.create_chat_completion_openai_v1(messages=[{"role": "user", "content": "Hi"}],
+                                                    temperature=0, max_tokens=4)
+        assert isinstance(out, ChatCompletion) and out.choices[0].message.role == "assistant"
 
 
 def test_logprobs_match_llama_cpps(pair):

@@ -56,7 +56,7 @@ def _cmd_data(args) -> int:
 
     cfg = DataConfig(n_prompts=args.n_prompts, prompt_tokens=args.prompt_tokens,
                      new_tokens=args.new_tokens, sample_share=args.sample_share, seed=args.seed,
-                     chat=args.chat, shard_size=args.shard_size)
+                     chat=args.chat, shard_size=args.shard_size, text_tokens=args.text_tokens)
     m = make_data(args.target, args.prompts, args.out, cfg)
     print(json.dumps({k: m[k] for k in ("samples", "tokens", "target")}))
     return 0
@@ -70,7 +70,8 @@ def _cmd_extract(args) -> int:
     layers = parse_layers(args.layers, load_target_spec(args.target).n_layer) if args.layers else ()
     m = extract(args.target, args.data, args.out,
                 ExtractConfig(dtype=args.dtype, group_size=args.group_size, transform=args.transform,
-                              shard_samples=args.shard_samples, layers=layers))
+                              shard_samples=args.shard_samples, layers=layers,
+                              n_batch=args.n_batch))
     print(json.dumps({k: m[k] for k in ("tokens", "dtype", "group_size", "bytes",
                                         "bytes_per_token", "tokens_per_s")}))
     return 0
@@ -364,14 +365,22 @@ LM_HEAD_HELP = ("llama.cpp targets, greedy decoding: auto (default: the low-rank
                 "basis file made by `edgespec export lowrank-basis`")
 
 
-def _positive_int(v: str) -> int:
+def _int_at_least(v: str, low: int) -> int:
     try:
         n = int(v)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got '{v}'") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
+    if n < low:
+        raise argparse.ArgumentTypeError(f"expected a number >= {low}, got {n}")
     return n
+
+
+def _positive_int(v: str) -> int:
+    return _int_at_least(v, 1)
+
+
+def _nonneg_int(v: str) -> int:
+    return _int_at_least(v, 0)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -553,11 +562,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("data", help="have the target write training text from prompt sources")
     s.add_argument("--target", required=True)
     s.add_argument("--prompts", nargs="*", default=["stdlib"],
-                   help="prompt sources: .jsonl (field 'prompt'), .txt, or 'stdlib' (default)")
+                   help="prompt sources: .jsonl (field 'prompt'), .txt, 'stdlib' (default) or "
+                        "'site-packages'")
     s.add_argument("--out", required=True)
     s.add_argument("--n-prompts", type=_positive_int, default=400)
     s.add_argument("--prompt-tokens", type=_positive_int, default=48)
-    s.add_argument("--new-tokens", type=_positive_int, default=128)
+    s.add_argument("--new-tokens", type=_nonneg_int, default=128,
+                   help="tokens the target writes per prompt; 0: the text alone (--text-tokens)")
+    s.add_argument("--text-tokens", type=_positive_int, default=512,
+                   help="with --new-tokens 0: tokens of each passage kept")
     s.add_argument("--sample-share", type=float, default=0.5)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
@@ -575,6 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int8/int4: channel scales + DCT before quantizing (default dct)")
     s.add_argument("--shard-samples", type=_positive_int, default=100,
                    help="samples per shard file (a killed run resumes after the last one)")
+    s.add_argument("--n-batch", type=_positive_int, default=256,
+                   help="tokens per llama.cpp decode (default 256)")
     s.add_argument("--layers", default=None,
                    help="also store these layers' inputs, for --arch eagle3 heads: A,B,C or "
                         "'eagle3' (layers 2, n/2 and n-3)")

@@ -70,6 +70,41 @@ def test_chat_data_cuts_long_prompts_to_fit_the_context(tmp_path):
         assert len(new) == cfg.new_tokens or eng.is_eog(new[-1])
 
 
+def test_text_only_data_from_site_packages_with_provenance(tmp_path):
+    """`edgespec data --new-tokens 0 --prompts site-packages`: passages of the installed
+    packages' code and docstrings, cut to --text-tokens, no generation; the manifest names each
+    package's distribution and licence; /usr/share/doc is refused with exit 2; `extract` then
+    stores a hidden state for every token."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "d"
+    cmd = [sys.executable, "-m", "edgespec", "data", "--target", "smollm2-135m", "--prompts",
+           "site-packages", "stdlib", "--new-tokens", "0", "--text-tokens", "64", "--n-prompts", "40",
+           "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-1500:]
+    man = json.loads((out / "manifest.json").read_text())
+    samples = [json.loads(x) for f in sorted(out.glob("samples-*.jsonl")) for x in f.read_text().splitlines()]
+    assert len(samples) == 40 and man["samples"] == 40
+    assert all(s["mode"] == "text" and s["prompt_len"] == len(s["tokens"]) <= 64 for s in samples)
+    assert sum(len(s["tokens"]) == 64 for s in samples) >= 30  # passages of >= 200 characters
+    kinds = {s["source"].split(":")[0] for s in samples}
+    assert kinds == {"site-packages", "stdlib"}
+    site = next(x for x in man["sources"] if x["source"] == "site-packages")
+    assert site["packages"]["numpy"]["distribution"] == "numpy" and site["packages"]["numpy"]["version"]
+    bad = subprocess.run([sys.executable, "-m", "edgespec", "data", "--target", "smollm2-135m",
+                          "--prompts", "/usr/share/doc/x.txt", "--new-tokens", "0",
+                          "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "/usr/share/doc" in bad.stderr and "Traceback" not in bad.stderr
+    feats = subprocess.run([sys.executable, "-m", "edgespec", "extract", "--target", "smollm2-135m",
+                            "--data", str(out), "--out", str(tmp_path / "f"), "--n-batch", "64"],
+                           capture_output=True, text=True, timeout=600)
+    assert feats.returncode == 0, feats.stderr[-1500:]
+    assert json.loads(feats.stdout)["tokens"] == sum(len(s["tokens"]) for s in samples)
+
+
 @pytest.fixture(scope="module")
 def smol_data(tmp_path_factory):
     """A small data folder written by the real SmolLM2 target."""

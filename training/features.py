@@ -121,7 +121,7 @@ class ExtractConfig:
     dtype: str = "int4"
     group_size: int = 32
     shard_samples: int = 100
-    n_batch: int = 64  # tokens per decode, every one's hidden state read
+    n_batch: int = 256  # tokens per decode, every one's hidden state read
     transform: str = "dct"  # int8/int4: channel scales + DCT before quantizing ("none": off)
     layers: tuple[int, ...] = ()  # also store these layers' inputs (EAGLE-3 features)
 

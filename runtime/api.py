@@ -38,12 +38,13 @@ class SpeculativeLlama:
     def __init__(self, model_path, n_ctx: int = 512, n_threads: int | None = None,
                  n_batch: int = 512, seed: int | None = None, draft: str | None = "default",
                  k: int | None = None, policy: str = "cost", verbose: bool = False,
-                 lm_head: str = "auto", last_n_tokens_size: int = 64, flash_attn: bool = False,
+                 lm_head: str = "auto", last_n_tokens_size: int = 64, flash_attn: bool | None = False,
                  **_placement):
         """model_path: a GGUF file, a known target name, an ONNX target folder, or an open
         engine. `_placement`: llama_cpp.Llama's loading options (n_gpu_layers, use_mmap, ...)
         are accepted; edgespec runs the model on the CPU with its own settings. `flash_attn`
-        as llama_cpp.Llama (off by default): the same attention gives the same numbers."""
+        as llama_cpp.Llama (off by default): the same attention gives the same numbers; None
+        lets llama.cpp choose (the server's setting)."""
         self.engine = model_path if hasattr(model_path, "decode") else open_target(
             model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head,
             flash_attn=flash_attn)

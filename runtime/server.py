@@ -320,8 +320,9 @@ def open_slots(target: str, draft: str | None, parallel: int, n_ctx: int, thread
     if parallel < 1:
         raise EdgespecError(f"--parallel must be >= 1, got {parallel}")
     if parallel == 1:
+        # llama.cpp chooses the attention kernel, as for the batched slots below
         return [SpeculativeLlama(target, n_ctx=n_ctx, n_threads=threads, draft=draft,
-                                 lm_head=lm_head)], None
+                                 lm_head=lm_head, flash_attn=None)], None
     from edgespec.runtime.batching import Batcher
     from edgespec.runtime.llama_target import LlamaTarget
 

@@ -8,9 +8,10 @@
 The same arguments, defaults and sampling chain (min-p, typical, penalties, logit bias, in
 llama.cpp's order; GBNF grammars and JSON mode through llama.cpp's grammar sampler, drafts cut
 where they leave the grammar), and the same OpenAI-style return dicts and streaming chunks as
-`llama_cpp.Llama`, plus a `speculative` entry with the decode statistics. Options not
-implemented (tools, streamed logprobs, mirostat, custom processors, suffix) raise
-NotImplementedError naming them. Successive calls keep the cache's common prefix with the new
+`llama_cpp.Llama`, plus a `speculative` entry with the decode statistics; tool calls, logprobs
+(streamed too), logits processors and stopping criteria as llama-cpp-python applies them.
+Options not implemented (mirostat, suffix, logprobs with echo) and methods not provided
+(embeddings, eval/sample, states) raise NotImplementedError naming them. Successive calls keep the cache's common prefix with the new
 prompt (a chat's next turn decodes only the new tokens); streamed text holds back what could
 still become a stop string, so it always joins to the non-streamed text.
 """

@@ -155,12 +155,10 @@ def lowrank_scores(model, spec, rank: int, n_tokens: int = 32768, log=print) -> 
     import torch
 
     from edgespec.training.data import stdlib_passages
-    from edgespec.runtime.llama_target import LlamaVocab, lc, load_vocab_only
+    from edgespec.runtime.llama_target import VocabOnly
     from edgespec.training.torch_target import forward_hidden
 
-    tok = LlamaVocab()  # llama.cpp's tokenizer of the same file
-    tok.spec = spec
-    handle, tok._vocab = load_vocab_only(spec)
+    tok = VocabOnly(spec)  # llama.cpp's tokenizer of the same file
     passages = stdlib_passages("train")
     step = max(1, len(passages) // max(1, n_tokens // 100))
     cov, seen = torch.zeros(spec.n_embd, spec.n_embd, dtype=torch.float64), 0
@@ -174,7 +172,7 @@ def lowrank_scores(model, spec, rank: int, n_tokens: int = 32768, log=print) -> 
             if seen >= n_tokens:
                 break
     finally:
-        lc.llama_model_free(handle)
+        tok.close()
     log(f"low-rank LM head: rank {rank} from {seen} calibration tokens")
     _, vecs = np.linalg.eigh(cov.numpy())
     basis = torch.from_numpy(np.ascontiguousarray(vecs[:, ::-1][:, :rank])).float()  # [E, r]

@@ -181,7 +181,7 @@ class SpeculativeLlama:
             return self.engine.token_bytes(t).decode("utf-8", errors="ignore")
 
         out = []
-        for tok, (lp, top) in list(zip(gen.token_ids, gen.logprobs))[start:end]:
+        for tok, (lp, top) in zip(gen.token_ids[start:end], gen.logprobs[start:end]):
             if not self.engine.is_eog(tok):
                 out.append((text(tok), lp, [(text(t), v) for t, v in top]))
         return out

@@ -154,10 +154,13 @@ class VocabOnly(LlamaVocab):
         self.spec = spec
         self._model, self._vocab = load_vocab_only(spec)
 
-    def __del__(self):
+    def close(self) -> None:
         if getattr(self, "_model", None):
             lc.llama_model_free(self._model)
             self._model = None
+
+    def __del__(self):
+        self.close()
 
 
 def load_vocab_only(spec: TargetSpec):

@@ -254,8 +254,13 @@ class _Samples:
 
 
 def open_features(features) -> "_Samples":
-    """A features folder path, or an already open `Features`/`OnlineFeatures`."""
-    return features if isinstance(features, _Samples) else Features(features)
+    """A features folder path, an already open `Features`/`OnlineFeatures`, or a list of
+    folders (one `FeatureSet`)."""
+    if isinstance(features, _Samples):
+        return features
+    if isinstance(features, (list, tuple)):
+        return Features(features[0]) if len(features) == 1 else FeatureSet(features)
+    return Features(features)
 
 
 def features_source(target, features: str | Path | None, data: str | Path | None,
@@ -358,6 +363,33 @@ class Features(_Samples):
         shard, a, b = self._where[i]
         f = self._shards[shard]
         return self.codec.decode({n: f.get_slice(n)[a:b] for n in self.codec.names()})
+
+
+class FeatureSet(_Samples):
+    """Several features folders of one target read as one: samples in folder order, each keeping
+    its own data-sample index (so each folder's held-out split stays what it was). Training
+    drops repeated samples and any training sample equal to a held-out one (`split_samples`)."""
+
+    def __init__(self, folders):
+        parts = [f if isinstance(f, Features) else Features(f) for f in folders]
+        first = parts[0]
+        for f, p in zip(folders, parts):
+            if (p.fingerprint, p.n_embd, p.layers) != (first.fingerprint, first.n_embd, first.layers):
+                raise EdgespecError(f"{f}: features of another target or other layers than {folders[0]}")
+        self.parts, self.folders = parts, [str(f) for f in folders]
+        self.fingerprint, self.n_embd, self.layers = first.fingerprint, first.n_embd, first.layers
+        dtypes = sorted({p.dtype for p in parts})
+        self.dtype = dtypes[0] if len(dtypes) == 1 else "+".join(dtypes)
+        self.manifest = first.manifest
+        self.tokens, self._ids, self._where = [], [], []
+        for k, p in enumerate(parts):
+            self.tokens += p.tokens
+            self._ids += p.sample_ids()
+            self._where += [(k, i) for i in range(len(p.tokens))]
+
+    def hidden(self, i: int) -> np.ndarray:
+        k, j = self._where[i]
+        return self.parts[k].hidden(j)
 
 
 class OnlineFeatures(_Samples):

@@ -39,6 +39,40 @@ def is_eval(index: int) -> bool:
     return index % EVAL_EVERY == 0
 
 
+def split_samples(feats, max_train_tokens: int = 0, seed: int = 0) -> tuple[list[int], list[int]]:
+    """(training, held-out) sample positions in `feats`: held out are the samples whose data
+    index is every EVAL_EVERY-th; a sample whose tokens repeat an earlier one, or any held-out
+    one, is not trained on (folders made from overlapping sources share passages). With
+    `max_train_tokens`, a fixed random subset of the training samples (by `seed`) up to that
+    many tokens: the points of a data-scaling curve."""
+    import hashlib
+
+    def key(i: int) -> bytes:
+        return hashlib.blake2b(np.ascontiguousarray(feats.tokens[i]).tobytes(), digest_size=16).digest()
+
+    ids = feats.sample_ids()
+    held, held_keys = [], set()
+    for i, s in enumerate(ids):
+        if is_eval(s) and (k := key(i)) not in held_keys:
+            held.append(i)
+            held_keys.add(k)
+    train, seen = [], set(held_keys)
+    for i, s in enumerate(ids):
+        if not is_eval(s) and (k := key(i)) not in seen:
+            train.append(i)
+            seen.add(k)
+    if max_train_tokens:
+        order = np.random.default_rng([seed, 2]).permutation(len(train))
+        keep, total = [], 0
+        for j in order:
+            if total >= max_train_tokens:
+                break
+            keep.append(train[j])
+            total += len(feats.tokens[train[j]])
+        train = sorted(keep)
+    return train, held
+
+
 @dataclass
 class TrainConfig:
     steps: int = 800  # optimizer steps
@@ -55,6 +89,7 @@ class TrainConfig:
     ce_weight: float = 0.0  # optional cross-entropy on the data token
     draft_vocab: int = 4096
     seed: int = 0
+    max_train_tokens: int = 0  # 0: every training sample; else a fixed random subset this large
     save_every: int = 250
     threads: int = 0  # 0: torch's default
     arch: str = "mtp"  # "mtp" (edgespec's head) or "eagle3" (llama.cpp's EAGLE-3 graph)
@@ -374,8 +409,7 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
     if feats.fingerprint != spec.tokenizer_fingerprint:
         raise EdgespecError(f"{features} holds features of another target (fingerprint "
                             f"{feats.fingerprint} != {spec.tokenizer_fingerprint})")
-    seq_index = feats.sample_ids()
-    train_idx = [i for i, s in enumerate(seq_index) if not is_eval(s)]
+    train_idx, _ = split_samples(feats, cfg.max_train_tokens, cfg.seed)
     if len(train_idx) < 2 or feats.n_tokens < 200:
         raise EdgespecError(f"{features}: too little data ({len(feats)} samples, "
                             f"{feats.n_tokens} tokens); make more with `edgespec data`")
@@ -427,7 +461,8 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
         "target_fingerprint": spec.tokenizer_fingerprint, "target_arch": spec.arch,
         "draft_vocab": {"ids": vocab["ids"], "size": int(len(vocab["ids"])),
                         "coverage": round(float(vocab["coverage"]), 4)},
-        "train": {**asdict(cfg), "features": feats.manifest["data"] if feats.dtype == "online" else str(features),
+        "train": {**asdict(cfg), "features": (feats.manifest["data"] if feats.dtype == "online" else
+                               [str(f) for f in features] if isinstance(features, (list, tuple)) else str(features)),
                   "features_dtype": feats.dtype,
                   "train_samples": len(train_idx), "train_tokens": int(sum(len(feats.tokens[i]) for i in train_idx)),
                   "trainable_parameters": head.trainable_parameters(),
@@ -517,8 +552,7 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
     if tuple(getattr(feats, "layers", ())) != want:
         raise EdgespecError(f"{features} holds features of layers {list(getattr(feats, 'layers', ()))}; "
                             f"this head reads {list(want) or 'the final hidden state only'}")
-    seq_index = feats.sample_ids()
-    idx = [i for i, s in enumerate(seq_index) if is_eval(s)][:max_samples]
+    idx = split_samples(feats)[1][:max_samples]
     if not idx:
         raise EdgespecError(f"{features}: no held-out samples (every {EVAL_EVERY}th sample)")
     embed = embedding_rows(spec)
@@ -554,7 +588,9 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
             "acceptance_by_position": [round(x, 4) for x in per_pos],
             "expected_accepted": {str(k): round(v, 4) for k, v in zip(range(1, max_chain + 1), expected)},
             "draft_vocab": meta["draft_vocab"]["size"], "features_dtype": feats.dtype,
-            "start_from": start_from}
+            "start_from": start_from,
+            "head_train": {k: meta.get("train", {}).get(k) for k in
+                           ("train_tokens", "train_samples", "steps_done", "seconds", "max_train_tokens")}}
 
 
 def checkpoint_target(meta: dict) -> TargetSpec:

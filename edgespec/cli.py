@@ -57,7 +57,7 @@ def _cmd_data(args) -> int:
     cfg = DataConfig(n_prompts=args.n_prompts, prompt_tokens=args.prompt_tokens,
                      new_tokens=args.new_tokens, sample_share=args.sample_share, seed=args.seed,
                      chat=args.chat, shard_size=args.shard_size, text_tokens=args.text_tokens)
-    m = make_data(args.target, args.prompts, args.out, cfg)
+    m = make_data(args.target, args.prompts, args.out, cfg, parallel=args.parallel)
     print(json.dumps({k: m[k] for k in ("samples", "tokens", "target")}))
     return 0
 
@@ -84,7 +84,7 @@ def _cmd_train(args) -> int:
     cfg = TrainConfig(optimizer=args.optimizer, steps=args.steps, batch=args.batch,
                       n_steps=args.unroll, draft_vocab=args.draft_vocab, lr=args.lr,
                       seed=args.seed, threads=args.threads or 0, save_every=args.save_every,
-                      arch=args.arch)
+                      arch=args.arch, max_train_tokens=args.max_train_tokens or 0)
     overrides = {}
     if args.layer_types:
         overrides["layer_types"] = args.layer_types.split(",")
@@ -573,6 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --new-tokens 0: tokens of each passage kept")
     s.add_argument("--sample-share", type=float, default=0.5)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--parallel", type=_positive_int, default=1,
+                   help="continuations written at once, one batched llama.cpp decode per step")
     s.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     s.add_argument("--shard-size", type=_positive_int, default=50,
                    help="samples per shard file (a killed run resumes after the last one)")
@@ -597,7 +599,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("train", help="train a draft head (MTP or EAGLE-3) on stored hidden states")
     s.add_argument("--target", required=True)
-    s.add_argument("--features", default=None, help="hidden states stored by `edgespec extract`")
+    s.add_argument("--features", default=None, nargs="+",
+                   help="hidden states stored by `edgespec extract` (several folders: read as one, "
+                        "repeated samples trained on once)")
     s.add_argument("--online", action="store_true",
                    help="run the target during training instead (nothing stored on disk); needs --data")
     s.add_argument("--data", default=None, help="--online: the output of `edgespec data`")
@@ -610,6 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--unroll", type=_positive_int, default=4, help="draft steps unrolled")
     s.add_argument("--seq-len", type=_positive_int, default=None, help="positions per training window (96)")
     s.add_argument("--draft-vocab", type=_positive_int, default=4096)
+    s.add_argument("--max-train-tokens", type=_positive_int, default=None,
+                   help="train on a fixed random subset of the training samples this many tokens "
+                        "large (data-scaling curves); default all")
     s.add_argument("--lr", type=float, default=2e-3)
     s.add_argument("--layer-types", default=None, help="mtp: e.g. sliding,global")
     s.add_argument("--arch", default="mtp", choices=["mtp", "eagle3"],

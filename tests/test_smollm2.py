@@ -70,6 +70,37 @@ def test_chat_data_cuts_long_prompts_to_fit_the_context(tmp_path):
         assert len(new) == cfg.new_tokens or eng.is_eog(new[-1])
 
 
+def test_parallel_data_writes_what_one_at_a_time_writes(tmp_path):
+    """`edgespec data --parallel 3`: three continuations per batched decode, the same samples in
+    the same order as one at a time (greedy ones token for token but for batch-numerics
+    near-ties; sampled ones from the same seeds), and the manifest says how fast it wrote."""
+    import json
+
+    from edgespec.training.data import DataConfig, make_data, read_data
+
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"prompt": f"Question {i}: how do {w} work?"}) + "\n"
+                           for i, w in enumerate(["rivers", "trains", "clocks", "bees", "tides",
+                                                  "magnets", "lenses"])))
+    cfg = DataConfig(n_prompts=7, prompt_tokens=16, new_tokens=24, sample_share=0.3, chat=True,
+                     shard_size=3)
+    m1 = make_data("smollm2-135m", [str(src)], tmp_path / "one", cfg)
+    m3 = make_data("smollm2-135m", [str(src)], tmp_path / "three", cfg, parallel=3)
+    assert m3["generation"]["parallel"] == 3 and m3["generation"]["new_tokens_per_s"] > 0
+    assert m1["generation"]["parallel"] == 1
+    _, one = read_data(tmp_path / "one")
+    _, three = read_data(tmp_path / "three")
+    assert [(s["index"], s["mode"], s["tokens"][:s["prompt_len"]]) for s in one] == \
+        [(s["index"], s["mode"], s["tokens"][:s["prompt_len"]]) for s in three]
+    assert len(m3["shards"]) == 3 and m3["samples"] == 7
+    greedy = [(a, b) for a, b in zip(one, three) if a["mode"] == "greedy"]
+    assert greedy and sum(a["tokens"] == b["tokens"] for a, b in greedy) >= len(greedy) - 1
+    assert all(a["tokens"][:a["prompt_len"] + 4] == b["tokens"][:b["prompt_len"] + 4] for a, b in greedy)
+    # a finished folder is complete: calling again writes nothing new
+    again = make_data("smollm2-135m", [str(src)], tmp_path / "three", cfg, parallel=3)
+    assert again["samples"] == 7 and again["shards"] == m3["shards"]
+
+
 def test_text_only_data_from_site_packages_with_provenance(tmp_path):
     """`edgespec data --new-tokens 0 --prompts site-packages`: passages of the installed
     packages' code and docstrings, cut to --text-tokens, no generation; the manifest names each

@@ -23,6 +23,8 @@ import hashlib
 import json
 import random
 import sysconfig
+import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -163,8 +165,12 @@ def _shard_name(i: int) -> str:
 
 
 def make_data(target, prompts: list[str], out: str | Path, cfg: DataConfig | None = None,
-              engine=None) -> dict:
-    """Have the target continue prompts; write shards + manifest under `out`. Resumable."""
+              engine=None, parallel: int = 1) -> dict:
+    """Have the target continue prompts; write shards + manifest under `out`. Resumable.
+
+    `parallel` > 1: that many continuations are written at once, one sequence each in one
+    llama.cpp context, every step one batched decode (`runtime.batching`); samples and shards
+    come out in the same order. The manifest's `generation` says how fast the last call wrote."""
     from edgespec.runtime.decoding import Generation
     from edgespec.runtime.llama_target import LlamaTarget
     from edgespec.runtime.sampling import SamplingParams
@@ -182,9 +188,14 @@ def make_data(target, prompts: list[str], out: str | Path, cfg: DataConfig | Non
         from edgespec.targets import load_target_spec
 
         engine = engine or VocabOnly(load_target_spec(target))
+    if parallel < 1:
+        raise EdgespecError(f"--parallel must be >= 1, got {parallel}")
+    slot_ctx = cfg.prompt_tokens + cfg.new_tokens + 64
     # the target's own greedy tokens, not the low-rank head's (they differ at a near-tie or two)
-    engine = engine or LlamaTarget(target, n_ctx=cfg.prompt_tokens + cfg.new_tokens + 64, lm_head="full")
+    engine = engine or LlamaTarget(target, n_ctx=slot_ctx * parallel, lm_head="full",
+                                   n_seq=1 if text_only else parallel)
     spec = engine.spec
+    slot_ctx = getattr(engine, "n_ctx", slot_ctx) // (1 if text_only else parallel)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -203,51 +214,100 @@ def make_data(target, prompts: list[str], out: str | Path, cfg: DataConfig | Non
     modes = ["sample" if rng.random() < cfg.sample_share else "greedy" for _ in passages]
     if text_only:
         modes = ["text"] * len(passages)
-    bar = progress(total=len(passages), initial=done, desc="data", unit="prompt")
-    buf: list[dict] = []
-    for i in range(done, len(passages)):
-        p = passages[i]
+    def prompt_ids(p: dict) -> list[int]:
         text = p["text"]
         if cfg.chat and spec.chat_template:
             from edgespec.runtime.chat import render_chat
 
             # the first 600 characters as the user turn, cut further if the rendered prompt
             # would not leave room for the new tokens in the context
-            content, budget = text[:600], engine.n_ctx - cfg.new_tokens - 8
+            content, budget = text[:600], slot_ctx - cfg.new_tokens - 8
             ids = engine.tokenize(render_chat(spec, [{"role": "user", "content": content}]))
             while len(ids) > budget and len(content) > 1:
                 ctoks = engine.tokenize(content, add_bos=False, special=False)
                 shorter = engine.detokenize(ctoks[:max(1, len(ctoks) - (len(ids) - budget))])
                 content = shorter[:len(content) - 1]  # always shrinks: the loop ends
                 ids = engine.tokenize(render_chat(spec, [{"role": "user", "content": content}]))
-        elif text_only:
-            ids = engine.tokenize(text)[: cfg.text_tokens]
-        else:
-            ids = engine.tokenize(text)[: cfg.prompt_tokens]
-        new: list[int] = []
-        if not text_only:
-            sp = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + i) \
-                if modes[i] == "sample" else SamplingParams()
-            gen = Generation(engine, ids, sp, max_tokens=cfg.new_tokens)
-            for _ in gen:
-                pass
-            new = gen.token_ids
-        buf.append({"index": i, "kind": p["kind"], "source": p["source"], "mode": modes[i],
-                    "prompt_len": len(ids), "tokens": ids + new})
-        bar.update(1)
-        if len(buf) == cfg.shard_size or i == len(passages) - 1:
-            name = _shard_name(len(manifest["shards"]))
-            atomic_write_text(out / name, "".join(json.dumps(s) + "\n" for s in buf))
-            manifest["shards"].append({"file": name, "samples": len(buf),
-                                       "tokens": sum(len(s["tokens"]) for s in buf)})
-            atomic_write_text(man_path, json.dumps(manifest, indent=1))
-            buf = []
+            return ids
+        return engine.tokenize(text)[: cfg.text_tokens if text_only else cfg.prompt_tokens]
+
+    def continue_(target_, i: int, ids: list[int]) -> list[int]:
+        if text_only:
+            return []
+        sp = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + i) \
+            if modes[i] == "sample" else SamplingParams()
+        gen = Generation(target_, ids, sp, max_tokens=cfg.new_tokens)
+        for _ in gen:
+            pass
+        return gen.token_ids
+
+    def sample(i: int, target_=engine) -> dict:
+        p = passages[i]
+        ids = prompt_ids(p)
+        new = continue_(target_, i, ids)
+        return {"index": i, "kind": p["kind"], "source": p["source"], "mode": modes[i],
+                "prompt_len": len(ids), "tokens": ids + new}
+
+    bar = progress(total=len(passages), initial=done, desc="data", unit="prompt")
+    buf: list[dict] = []
+    t0, written = time.perf_counter(), 0
+    with _samples_in_order(engine, sample, range(done, len(passages)),
+                           1 if text_only else parallel) as results:
+        for i, smp in results:
+            buf.append(smp)
+            written += len(smp["tokens"]) - smp["prompt_len"]
+            bar.update(1)
+            if len(buf) == cfg.shard_size or i == len(passages) - 1:
+                name = _shard_name(len(manifest["shards"]))
+                atomic_write_text(out / name, "".join(json.dumps(s) + "\n" for s in buf))
+                manifest["shards"].append({"file": name, "samples": len(buf),
+                                           "tokens": sum(len(s["tokens"]) for s in buf)})
+                atomic_write_text(man_path, json.dumps(manifest, indent=1))
+                buf = []
+    if written:  # this call's pace (a call that resumed a finished folder wrote nothing)
+        dt = time.perf_counter() - t0
+        manifest["generation"] = {"parallel": parallel, "new_tokens": written, "seconds": round(dt, 1),
+                                  "new_tokens_per_s": round(written / dt, 1) if dt > 0 else None}
     bar.close()
     manifest["complete"] = True
     manifest["samples"] = sum(s["samples"] for s in manifest["shards"])
     manifest["tokens"] = sum(s["tokens"] for s in manifest["shards"])
     atomic_write_text(man_path, json.dumps(manifest, indent=1))
     return manifest
+
+
+@contextmanager
+def _samples_in_order(engine, sample, indices, parallel: int):
+    """(i, sample(i)) for each index, in order. parallel > 1: `parallel` threads, each on its
+    own slot of one Batcher over `engine` (a generation's decodes wait for the others' and go
+    in one batch); results still come out in index order."""
+    if parallel == 1:
+        yield ((i, sample(i)) for i in indices)
+        return
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    from edgespec.runtime.batching import Batcher
+
+    batcher = Batcher(engine, parallel)
+    free: queue.Queue = queue.Queue()
+    for slot in batcher.slots:
+        free.put(slot)
+
+    def work(i: int):
+        slot = free.get()
+        try:
+            slot.reset()
+            return i, sample(i, slot)
+        finally:
+            batcher.deactivate(slot.seq)
+            free.put(slot)
+
+    with ThreadPoolExecutor(parallel) as ex:
+        try:
+            yield ex.map(work, indices)
+        finally:
+            ex.shutdown(wait=True, cancel_futures=True)
 
 
 def _provenance(sources: list[str]) -> list[dict]:

@@ -305,6 +305,39 @@ def lowrank_basis_table(path: Path) -> str:
         {"llama.cpp, full LM head": c["ms_full"], "llama.cpp, low-rank LM head": c["ms_lowrank"]})
 
 
+def scaling_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    pool = ", ".join(f"`{Path(f['folder']).name}` ({f['tokens']} tokens, {f['dtype']}, extracted at "
+                     f"{f['extract_tokens_per_s']:.0f} tok/s)" for f in r["pool"])
+    rows = []
+    for x in r["rows"]:
+        e = x["eval"]
+        rows.append([x["label"], x["train_tokens"], x["train_samples"], x["steps"],
+                     f"{x['train_seconds'] / 60:.0f}", f"{x['draft_vocab_coverage']:.3f}",
+                     " ".join(f"{a:.3f}" for a in e["acceptance_by_position"][:4]),
+                     f"{e['expected_accepted']['1']:.3f}", f"{e['expected_accepted']['4']:.3f}"])
+    m = r["machine"]
+    return table(f"Data scaling for {r['target']} (`{path.relative_to(ROOT)}`, `scripts/scaling_curve.py`): "
+                 f"the same recipe ({r['steps']} steps) on growing random subsets of one pool, {pool}; "
+                 f"every head scored on the held-out samples of `{Path(r['eval_features']).name}` "
+                 f"({r['rows'][0]['eval']['samples']} samples, {r['rows'][0]['eval']['positions']} chain "
+                 f"starts); {m['cpu']}, {m['cores']} cores, torch {m['versions'].get('torch')}.",
+                 ["point", "training tokens", "samples", "steps", "train min", "draft vocab coverage",
+                  "acceptance by position 1-4", "expected accepted, k=1", "k=4"], rows)
+
+
+def data_speed_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    rows = [[p, f"{x['median_new_tokens_per_s']:.1f}", f"{x['vs_first']:.2f}x",
+             " ".join(f"{y['new_tokens_per_s']:.1f}" for y in x["runs"])] for p, x in r["rows"].items()]
+    m = r["machine"]
+    return table(f"Target-written data for {r['target']} (`{path.relative_to(ROOT)}`, `scripts/data_speed.py`): "
+                 f"{r['prompts']} {r['source']} prompts, {r['recipe']}{', chat template' if r['chat'] else ''}; "
+                 f"settings alternated over {r['rounds']} rounds; {m['cpu']}, {m['cores']} cores.",
+                 ["continuations per decode (--parallel)", "new tokens/s (median)", "vs the first row",
+                  "each round"], rows)
+
+
 def render() -> str:
     """The Results block, markers included."""
     benches = sorted((ROOT / "results").glob("bench-*.json"))
@@ -317,7 +350,9 @@ def render() -> str:
                                 ("llama-lib-cost-*.json", llama_lib_cost_table),
                                 ("export-eagle3-*.json", eagle3_export_table),
                                 ("export-speculators-*.json", speculators_export_table),
-                                ("eagle3-check-*.json", eagle3_check_table)):
+                                ("eagle3-check-*.json", eagle3_check_table),
+                                ("scaling-*.json", scaling_table),
+                                ("data-speed-*.json", data_speed_table)):
         parts += [render_one(p) for p in sorted((ROOT / "results").glob(pattern))]
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):
         r = json.loads(p.read_text())

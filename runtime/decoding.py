@@ -70,6 +70,10 @@ class Draft:
     q: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)
     conf: list[float] = field(default_factory=list)  # the drafter's top probability per step
     source: str = ""  # which drafter made it ("lookup", "head"): policies keep apart estimates
+    # Seconds per draft step as the policy should count it, where the drafter knows better than
+    # the whole call's time: a head that first reads rows waiting since it last drafted reports
+    # its step without that catch-up (None: time the call)
+    step_s: float | None = None
 
 
 # The policy's most drafts worth making now from a named source ("lookup", "head"); drafters
@@ -396,7 +400,11 @@ class Generation:
         dt = time.perf_counter() - td
         st.draft_s += dt
         st.draft_steps += n_made
-        self.policy.observe_draft_time(dt, n_made, draft.source)
+        # a head catching up on rows that waited while it did not draft reports its step time
+        # without that one-off reading: counted in, a rarely drafting head would look ever more
+        # expensive and draft ever less
+        self.policy.observe_draft_time(dt if draft.step_s is None else draft.step_s * n_made,
+                                       n_made, draft.source)
         return draft
 
     def _grammar_allows(self, draft: Draft, n: int) -> int:

@@ -8,6 +8,8 @@ draft from that source would not pay (asked before drafting, so unpaid draft ste
 
 from __future__ import annotations
 
+import time
+
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +108,7 @@ class HeadDrafter:
         self.pending: list[np.ndarray] = []  # hidden rows not yet fed to the head
         self.temperature: float | None = None  # sampled decoding: drafts drawn from the head
         self._rng = np.random.default_rng()
+        self._one_row_s: float | None = None  # a one-row draft step, seconds (running mean)
         single_thread_blas()
 
     def set_sampling(self, temperature: float | None, seed: int | None = None) -> None:
@@ -153,8 +156,10 @@ class HeadDrafter:
         pos0 = n_ctx - 1 - len(hidden)
         if pos0 != h.n:  # a new prompt, or rows were skipped: restart the cache at these rows
             h.reset()
+        t0 = time.perf_counter()
         out, _ = h.forward(self.embed[np.asarray(context[pos0 + 1:n_ctx])], hidden, pos0,
                            commit=True)
+        t1 = time.perf_counter()
         drafts, conf, qs, cache = [], [], [], (h.k, h.v)
         for j in range(k):
             lg = h.last_logits
@@ -177,7 +182,14 @@ class HeadDrafter:
             if j + 1 < k:
                 out, cache = h.forward(self.embed[np.array([tok])], out[-1:], n_ctx - 1 + j,
                                        commit=False, cache=cache)
-        return Draft(drafts, q=qs, conf=conf, source="head")
+        # the step the policy should count: one-row forwards; the first one read every waiting
+        # row, which costs what it costs once and less the more often the head drafts
+        t2 = time.perf_counter()
+        if len(drafts) > 1 or len(hidden) <= 2:
+            step = (t2 - t1) / (len(drafts) - 1) if len(drafts) > 1 else t1 - t0
+            last = self._one_row_s
+            self._one_row_s = step if last is None else last + 0.2 * (step - last)
+        return Draft(drafts, q=qs, conf=conf, source="head", step_s=self._one_row_s)
 
 
 class MixedDrafter:

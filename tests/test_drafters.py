@@ -112,3 +112,37 @@ def test_lookup_index_equals_a_full_scan_as_the_context_grows_or_changes():
                 k = int(rng.integers(0, 5))
                 d = pl.propose(ctx, None, k)
                 assert (d.tokens, pl.last_match) == _scan(ctx, k, 3, min_ngram)
+
+
+class SlowHead:
+    """A head runtime whose forward takes 5 ms per row it reads (a draft step reads one)."""
+
+    def __init__(self):
+        self.n, self.k, self.v = 0, None, None
+        self.last_logits = np.array([0.0, 3.0, 1.0], np.float32)
+
+    def reset(self):
+        self.n = 0
+
+    def forward(self, tok_emb, hidden, pos0, commit, cache=None):
+        import time
+
+        time.sleep(0.005 * len(hidden))
+        if commit:
+            self.n = pos0 + len(hidden)
+        return hidden, cache
+
+
+def test_a_head_reports_its_step_without_the_catch_up():
+    """After a pause the head first reads every row that waited: that one-off cost is not a
+    draft step, or a head the policy rarely lets draft would look ever dearer. The step it
+    reports is a one-row forward, measured on chains and on short catch-ups."""
+    d = HeadDrafter.__new__(HeadDrafter)
+    d.head, d.ids, d.pending, d.temperature = SlowHead(), np.array([5, 6, 7]), [], None
+    d.embed, d._one_row_s, d.name = np.zeros((32, 2), np.float32), None, "slow"
+    ctx = list(range(9))
+    first = d.propose(ctx[:3], np.zeros((2, 2), np.float32), 3)  # prompt rows, then 2 steps
+    assert first.tokens == [6, 6, 6] and 0.004 < first.step_s < 0.012
+    # 20 rows waited: reading them takes 100 ms, the step it reports stays one row's
+    late = d.propose(ctx[:3] + list(range(20)), np.zeros((20, 2), np.float32), 1)
+    assert late.tokens == [6] and 0.004 < late.step_s < 0.012

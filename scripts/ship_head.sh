@@ -26,9 +26,9 @@ for r in reports:
     r["shipped"] = Path(r["out"]).name in ship
 print("wrote", write_result("results", f"export-head-{target}", {"target": target, "exports": reports}))
 dest = Path("runtime/heads") / target
-if dest.exists():
-    shutil.rmtree(dest)
-dest.mkdir(parents=True)
+dest.mkdir(parents=True, exist_ok=True)
+for old in dest.glob("head-*"):  # the MTP head's files only: the low-rank basis and an EAGLE-3 head stay
+    old.unlink()
 shipped = []
 for r in reports:
     if r["shipped"]:

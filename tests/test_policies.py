@@ -274,3 +274,29 @@ def test_soon_says_when_a_held_source_may_draft_again():
     never = CostAware(3, [0.010, 0.030, 0.060, 0.090], draft_step_s=0.01, prior=0.5)
     never.c.est = list(never.c.curve)  # timed: no draft could ever pay
     assert never.limit("head") == 0 and not never.soon("head", 1000)
+
+
+def test_the_policy_learns_what_a_drafters_confidence_is_worth():
+    """A head whose drafts say 0.3 but are accepted 9 times in 10 (a distilled head is as unsure
+    as its target, while greedy verification only needs the argmax): taken at its word no draft
+    pays at these costs; after some verified drafts the policy keeps them. The learned table
+    is kept with the acceptance estimates for the next generation."""
+    costs = [0.010, 0.015, 0.020, 0.025]
+    p = CostAware(3, costs, draft_step_s=1e-3, acceptance_key="calib-test")
+    draft = Draft([5, 6, 7], conf=[0.3, 0.3, 0.3], source="head")
+    assert p.trim(draft) == 0  # 1.3 tokens in 16 ms is slower than 1 in 10 ms
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        p.trim(draft)
+        hits = [rng.random() < 0.9 for _ in range(3)]
+        accepted = next((j for j, h in enumerate(hits) if not h), 3)
+        p.update(3, accepted, "head")
+    assert p.calibrated("head", [0.3])[0] > 0.8
+    assert p.trim(draft) >= 2
+    assert p.calibrated("head", [0.95])[0] == 0.95  # a bin no draft fell in keeps the prior
+    p.finish()
+    again = CostAware(3, costs, draft_step_s=1e-3, acceptance_key="calib-test")
+    assert again.calibrated("head", [0.3]) == pytest.approx(p.calibrated("head", [0.3]), abs=0.01)
+    assert CostAware(3, costs, draft_step_s=1e-3).trim(draft) == 0  # nothing learned: as before

@@ -25,7 +25,7 @@ def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Pa
     from edgespec.runtime.heads import load_head
     from edgespec.targets import embedding_rows
     from edgespec.training.features import Features
-    from edgespec.training.train import checkpoint_target, is_eval, load_checkpoint
+    from edgespec.training.train import checkpoint_target, load_checkpoint, split_samples
 
     head, meta = load_checkpoint(ckpt)
     if not Path(exported).is_file():
@@ -38,7 +38,7 @@ def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Pa
         raise EdgespecError(f"{features}: not features of this head's target without layer inputs "
                             "(extract them without --layers)")
     embed = embedding_rows(checkpoint_target(meta))
-    idx = [i for i, s in enumerate(feats.sample_ids()) if is_eval(s)][:max_samples]
+    idx = split_samples(feats)[1][:max_samples]
     if not idx:
         raise EdgespecError(f"{features}: no held-out samples to check against")
     errs, agree, total, step_s, steps = [], 0, 0, 0.0, 0

@@ -181,7 +181,7 @@ def heldout_features(head, meta: dict, features: str | Path, max_samples: int):
     checking an EAGLE-3 head's export: features of the head's target and layers only."""
     from edgespec.targets import embedding_rows
     from edgespec.training.features import Features
-    from edgespec.training.train import checkpoint_target, is_eval
+    from edgespec.training.train import checkpoint_target, split_samples
 
     feats = Features(features)
     if feats.fingerprint != meta["target_fingerprint"]:
@@ -189,7 +189,7 @@ def heldout_features(head, meta: dict, features: str | Path, max_samples: int):
     if tuple(feats.layers) != tuple(head.c.target_layers):
         raise EdgespecError(f"{features} holds features of layers {list(feats.layers)}; this head "
                             f"reads layers {head.c.target_layers} (extract with --layers)")
-    idx = [i for i, s in enumerate(feats.sample_ids()) if is_eval(s)][:max_samples]
+    idx = split_samples(feats)[1][:max_samples]
     if not idx:
         raise EdgespecError(f"{features}: no held-out samples to check against")
     return feats, idx, embedding_rows(checkpoint_target(meta))

@@ -376,7 +376,7 @@ class CostAware(FixedK):
 
     def trim(self, draft) -> int:
         if draft.conf:
-            self._conf[draft.source] = list(draft.conf)
+            self._conf[draft.source] = draft.conf
         if draft.source in self._trying:
             return len(draft.tokens)  # a try is verified whole
         acc = self._acc(draft.source)

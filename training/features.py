@@ -376,7 +376,7 @@ class FeatureSet(_Samples):
         for f, p in zip(folders, parts):
             if (p.fingerprint, p.n_embd, p.layers) != (first.fingerprint, first.n_embd, first.layers):
                 raise EdgespecError(f"{f}: features of another target or other layers than {folders[0]}")
-        self.parts, self.folders = parts, [str(f) for f in folders]
+        self.parts = parts
         self.fingerprint, self.n_embd, self.layers = first.fingerprint, first.n_embd, first.layers
         dtypes = sorted({p.dtype for p in parts})
         self.dtype = dtypes[0] if len(dtypes) == 1 else "+".join(dtypes)

@@ -11,6 +11,7 @@ Samples whose index hashes to the eval split are held out for `eval-head`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -45,8 +46,6 @@ def split_samples(feats, max_train_tokens: int = 0, seed: int = 0) -> tuple[list
     one, is not trained on (folders made from overlapping sources share passages). With
     `max_train_tokens`, a fixed random subset of the training samples (by `seed`) up to that
     many tokens: the points of a data-scaling curve."""
-    import hashlib
-
     def key(i: int) -> bytes:
         return hashlib.blake2b(np.ascontiguousarray(feats.tokens[i]).tobytes(), digest_size=16).digest()
 

@@ -33,7 +33,10 @@ class PromptLookup:
         self.last_match = 0  # n-gram length behind the latest proposal (0: none)
         # the draft source: matches of 2 or more tokens are accepted more often than 1-token
         # ones, so the policy keeps their estimates apart
-        self.name = "lookup" if min_ngram == 1 else f"lookup{min_ngram}+"
+        if min_ngram == 1:
+            self.name = "lookup" if max_ngram > 1 else "lookup1"
+        else:
+            self.name = f"lookup{min_ngram}+"
         self.reset()
 
     def reset(self) -> None:
@@ -193,12 +196,17 @@ class HeadDrafter:
 
 
 class MixedDrafter:
-    """Prompt lookup where the context repeats itself, the head everywhere else.
+    """Prompt lookup where the context repeats itself, the head everywhere else, and a one-token
+    lookup match where the policy holds the head back.
 
     When the context's last `min_match` or more tokens occurred before, the tokens that followed
     them are the draft (free to make, and often right: greedy text and code repeat). Otherwise
-    the head drafts. The head only reads the target's hidden states when it drafts: rows that
-    arrive meanwhile are kept and fed to it in one batch, so its cache stays complete."""
+    the head drafts, where the policy lets it (its acceptance estimates say a draft pays). Where
+    it does not, the tokens that followed the last occurrence of the context's last token are
+    the draft (source "lookup1", with estimates of its own): a policy that learned the head does
+    not pay on this text no longer leaves those passes undrafted, as lookup alone would not.
+    The head only reads the target's hidden states when it drafts: rows that arrive meanwhile
+    are kept and fed to it in one batch, so its cache stays complete."""
 
     needs_hidden = True
 
@@ -206,12 +214,15 @@ class MixedDrafter:
         # lookup only proposes n-grams of min_match or more: the head drafts everywhere else
         self.head, self.min_match = head, min_match
         self.lookup = lookup or PromptLookup(min_ngram=min_match)
+        self.single = PromptLookup(max_ngram=1, min_ngram=1) if min_match > 1 else None
         self.name = f"{head.name}+lookup"
         self.feature_layers = getattr(head, "feature_layers", ())
 
     def reset(self) -> None:
         self.head.reset()
         self.lookup.reset()
+        if self.single:
+            self.single.reset()
 
     def set_sampling(self, temperature: float | None, seed: int | None = None) -> None:
         self.head.set_sampling(temperature, seed)
@@ -225,7 +236,10 @@ class MixedDrafter:
         d = self.lookup.propose(context, None, k, limit=limit)
         if d.tokens and self.lookup.last_match >= self.min_match:
             return d
-        return self.head.propose(context, None, k, p_min, limit)
+        d = self.head.propose(context, None, k, p_min, limit)
+        if d.tokens or self.single is None:
+            return d
+        return self.single.propose(context, None, k, limit=limit)
 
 
 def make_drafter(draft: str | None, spec):

@@ -64,7 +64,7 @@ def test_drafters_ask_the_policy_before_drafting():
     rows still reach the head the next time it may draft."""
     head = RecordingHead()
     d = MixedDrafter(head, min_match=2)
-    limits = {"lookup2+": 0, "head": 0}
+    limits = {"lookup2+": 0, "head": 0, "lookup1": 0}
     rows = [np.full((1, 4), i, np.float32) for i in range(2)]
     got = d.propose([1, 2, 3, 5, 1, 2], rows[0], 3, limit=limits.get)
     assert got.tokens == [] and not head.calls
@@ -72,6 +72,24 @@ def test_drafters_ask_the_policy_before_drafting():
     assert d.propose([1, 2, 3, 5, 1, 2], rows[1], 3, limit=limits.get).tokens == [3]
     got = d.propose([7, 8, 9], None, 3, limit=limits.get)
     assert got.tokens == [42, 42] and head.calls[0][1].shape == (2, 4)
+
+
+def test_a_head_held_back_leaves_the_pass_to_a_one_token_match():
+    """Where the policy holds the head at zero and no 2-gram repeats, the tokens after the
+    latest occurrence of the last token are drafted, under their own source; where the head may
+    draft, it does, and the 1-token match is not used."""
+    head = RecordingHead()
+    d = MixedDrafter(head, min_match=2)
+    limits = {"lookup2+": 3, "head": 0, "lookup1": 2}
+    ctx = [5, 7, 8, 9, 6, 5]  # only [5] occurred before: 7, 8 followed it
+    got = d.propose(ctx, np.zeros((1, 4), np.float32), 3, limit=limits.get)
+    assert got.tokens == [7, 8] and got.source == "lookup1" and not head.calls
+    limits["lookup1"] = 0
+    assert d.propose(ctx, None, 3, limit=limits.get).tokens == []
+    limits.update({"head": 1, "lookup1": 2})
+    got = d.propose(ctx, None, 3, limit=limits.get)
+    assert got.tokens == [42] and got.source == "head" and head.calls[0][1].shape == (1, 4)
+    assert d.propose([3, 4], np.ones((1, 4), np.float32), 3, limit=limits.get).tokens == [42]
 
 
 def test_a_long_pause_costs_the_head_one_short_catch_up():

@@ -24,9 +24,16 @@ from edgespec.targets import embedding_rows
 class PromptLookup:
     """N-gram lookup in the context (as llama.cpp's lookup decoding): find the latest earlier
     occurrence of the context's last n tokens (n from max_ngram down to min_ngram) and propose
-    the tokens that followed it."""
+    the tokens that followed it.
+
+    Each drafted token carries a score of the match behind it (`Draft.conf`): with m the length
+    of the match (the n-gram, extended backwards while the tokens before both occurrences agree,
+    up to `MATCH_CAP`), the j-th token scores (m + j) / (m + j + 2). It is not a probability: the
+    cost policy learns what each score band is accepted at (a long match is being copied and is
+    usually right to its end; a one-token match often is not)."""
 
     needs_hidden = False
+    MATCH_CAP = 32
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -69,8 +76,13 @@ class PromptLookup:
             if s is not None:
                 self.last_match = n
                 k = min(k, limit(self.name)) if limit else k
-                s += n
-                return Draft(list(context[s:s + max(k, 0)]), source=self.name)
+                m = n  # the match, extended backwards
+                while (m - n < self.MATCH_CAP and s - 1 - (m - n) >= 0
+                       and context[s - 1 - (m - n)] == context[n_ctx - 1 - m]):
+                    m += 1
+                toks = list(context[s + n:s + n + max(k, 0)])
+                return Draft(toks, conf=[(m + j) / (m + j + 2) for j in range(len(toks))],
+                             source=self.name)
         return Draft([], source=self.name)
 
 

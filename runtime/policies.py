@@ -90,6 +90,7 @@ ACCEPTANCE_FILE = "draft_acceptance.json"
 CALIB_BINS = 10
 CALIB_PRIOR = 4.0  # pseudo-drafts per bin, accepted as often as their confidence says
 CALIB_CAP = 256.0  # past this many drafts a bin halves its counts: recent ones weigh more
+FREE_STEP = 0.01  # a draft step under this share of a one-token pass costs next to nothing
 
 
 def verify_head(engine, top_only: bool) -> str:
@@ -254,7 +255,12 @@ class CostAware(FixedK):
     `probe_every` passes and doubles after each try that leaves the next draft position well
     short of paying (its acceptance
     estimate under 0.8 of the break-even one, up to `max_probe_every`): a source that never
-    pays costs next to nothing, one near the edge keeps being tried."""
+    pays costs next to nothing, one near the edge keeps being tried.
+
+    A source that scores its drafts and costs next to nothing to ask (prompt lookup: `_free`)
+    is never held back before drafting: each of its drafts is trimmed by what its scores were
+    accepted at, and a score band trimmed to nothing gets a one-token try now and then (the
+    same waits, doubling while the band stays well short of paying)."""
 
     name = "cost"
 
@@ -284,6 +290,7 @@ class CostAware(FixedK):
         # last trimmed draft wait here for its verification
         self.calib: dict[str, list[list[float]]] = {}
         self._conf: dict[str, list[float]] = {}
+        self._scored: set[str] = set()  # sources whose drafts carry confidences
         stored = cache.read_json(ACCEPTANCE_FILE).get(acceptance_key) if acceptance_key else None
         for source, entry in (stored.items() if isinstance(stored, dict) else ()):
             self._restore(str(source), entry)
@@ -352,7 +359,15 @@ class CostAware(FixedK):
         """Passes between tries of a source held short."""
         return self._every.get(source, self.probe_every)
 
+    def _free(self, source: str) -> bool:
+        """A source whose drafts are scored and cost next to nothing to make (prompt lookup):
+        asking it to draft costs nothing, so it is never held back before drafting; `trim`
+        judges each of its drafts by its scores."""
+        return source in self._scored and self._step(source) < FREE_STEP * self.c[0]
+
     def limit(self, source: str) -> int:
+        if self._free(source):
+            return self._reach(source)
         best = self._best(self._acc(source), source)
         reach = self._reach(source)
         if best >= reach:
@@ -375,14 +390,26 @@ class CostAware(FixedK):
         return out
 
     def trim(self, draft) -> int:
+        source = draft.source
         if draft.conf:
-            self._conf[draft.source] = draft.conf
-        if draft.source in self._trying:
+            self._conf[source] = draft.conf
+            self._scored.add(source)
+        if source in self._trying:
             return len(draft.tokens)  # a try is verified whole
-        acc = self._acc(draft.source)
+        acc = self._acc(source)
         if not draft.conf:
-            return self._best(acc[:len(draft.tokens)], draft.source)
-        return self._best(self.calibrated(draft.source, draft.conf), draft.source)
+            return self._best(acc[:len(draft.tokens)], source)
+        best = self._best(self.calibrated(source, draft.conf), source)
+        if best == 0 and draft.tokens and self._free(source):
+            # a free source's tries: now and then its first token is checked anyway, so a score
+            # band that once did not pay keeps being measured and can recover
+            wait = self._wait.get(source, 0) + 1
+            if wait >= self._probe_every(source):
+                self._wait[source] = 0
+                self._trying[source] = (1, 0)
+                return 1
+            self._wait[source] = wait
+        return best
 
     def update(self, drafted: int, accepted: int, source: str = "") -> None:
         acc = self._acc(source)
@@ -399,7 +426,12 @@ class CostAware(FixedK):
                 if cell[1] > CALIB_CAP:
                     cell[0], cell[1] = cell[0] / 2, cell[1] / 2
         tried, self._trying = self._trying, {}  # a try whose source did not draft lapses
-        if source in tried:
+        if source in tried and conf and self._free(source):
+            # a free source's one-token try: tries go on as often while its band nears paying
+            every = self._every.get(source, self.probe_every)
+            near = self._best([min(1.0, self.calibrated(source, conf[:1])[0] / 0.8)], source) > 0
+            self._every[source] = self.probe_every if near else min(2 * every, self.max_probe_every)
+        elif source in tried:
             length, before = tried[source]
             every = self._every.get(source, self.probe_every)
             need = self._break_even(acc, length, source)

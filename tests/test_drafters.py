@@ -164,3 +164,19 @@ def test_a_head_reports_its_step_without_the_catch_up():
     # 20 rows waited: reading them takes 100 ms, the step it reports stays one row's
     late = d.propose(ctx[:3] + list(range(20)), np.zeros((20, 2), np.float32), 1)
     assert late.tokens == [6] and 0.004 < late.step_s < 0.012
+
+
+def test_lookup_scores_its_drafts_by_the_length_of_the_match():
+    """The n-gram, extended backwards while both occurrences agree, sets each drafted token's
+    score (m + j) / (m + j + 2): long copies score high, one-token matches low."""
+    d = PromptLookup(max_ngram=3)
+    got = d.propose([7, 8, 9, 1, 2, 3, 4, 5, 0, 7, 8, 9, 1, 2, 3], None, 2)
+    assert got.tokens == [4, 5] and got.conf == [6 / 8, 7 / 9]  # 3-gram + 3 more tokens agree
+    got = d.propose([6, 1, 2, 3, 4, 5, 0, 9, 1, 2, 3], None, 2)
+    assert got.tokens == [4, 5] and got.conf == [3 / 5, 4 / 6]  # 6 and 9 differ: the 3-gram only
+    got = d.propose([4, 1, 5, 1], None, 2)
+    assert got.tokens == [5, 1] and got.conf == [1 / 3, 2 / 4]
+    got = d.propose([1] * 100, None, 4)
+    m = 3 + PromptLookup.MATCH_CAP
+    assert got.tokens == [1] and got.conf == [m / (m + 2)]  # the extension is capped
+    assert d.propose([5, 6, 7], None, 3).conf == []

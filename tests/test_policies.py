@@ -300,3 +300,32 @@ def test_the_policy_learns_what_a_drafters_confidence_is_worth():
     again = CostAware(3, costs, draft_step_s=1e-3, acceptance_key="calib-test")
     assert again.calibrated("head", [0.3]) == pytest.approx(p.calibrated("head", [0.3]), abs=0.01)
     assert CostAware(3, costs, draft_step_s=1e-3).trim(draft) == 0  # nothing learned: as before
+
+
+def test_a_free_scored_source_is_judged_by_its_scores_not_held_back():
+    """Prompt lookup costs microseconds and scores its drafts by match length: the policy never
+    holds it back before drafting (misses on one-token matches must not stop long copies from
+    drafting), trims each draft by what its score band is accepted at, and checks the first
+    token of a band it trims away now and then, less often while that band keeps failing."""
+    costs = [0.010, 0.015, 0.018, 0.021]
+    p = CostAware(3, costs, draft_step_s=1e-3, prior=0.8, probe_every=4, max_probe_every=16)
+    weak = Draft([1, 2, 3], conf=[0.34, 0.5, 0.6], source="lookup")
+    strong = Draft([4, 5, 6], conf=[0.9, 0.91, 0.92], source="lookup")
+    tries = []
+    for i in range(30):
+        n = p.trim(weak)
+        p.observe_draft_time(3e-6, 3, "lookup")
+        if n:
+            tries.append(i)
+        p.update(n, 0, "lookup")  # the weak band's first token is always wrong
+    assert p.acc_for("lookup")[0] < 0.5  # by its estimates alone it would be held at zero
+    assert p.limit("lookup") == 3  # yet it is asked for whole drafts
+    assert p.trim(strong) == 3  # and a long match is verified whole
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert len(tries) >= 2 and gaps == sorted(gaps) and gaps[-1] > tries[0]
+    assert p.calibrated("lookup", [0.34])[0] < 0.34  # the band learned it fails
+    dear = CostAware(3, costs, draft_step_s=1e-3, prior=0.8)  # a source that costs a step
+    head = Draft([1, 2, 3], conf=[0.34, 0.5, 0.6], source="head")
+    for _ in range(5):
+        dear.update(dear.trim(head) or 1, 0, "head")
+    assert dear.limit("head") == 0  # held back before drafting, as before

@@ -1,6 +1,7 @@
 """Prompt lookup on plain token lists; the mixed lookup + head drafter."""
 
 import numpy as np
+import pytest
 
 from edgespec.runtime.decoding import Draft
 from edgespec.runtime.drafters import HeadDrafter, MixedDrafter, PromptLookup
@@ -132,38 +133,54 @@ def test_lookup_index_equals_a_full_scan_as_the_context_grows_or_changes():
                 assert (d.tokens, pl.last_match) == _scan(ctx, k, 3, min_ngram)
 
 
-class SlowHead:
-    """A head runtime whose forward takes 5 ms per row it reads (a draft step reads one)."""
+class FakeClock:
+    """The drafter's clock, advanced only by the fake head: the test times nothing real."""
 
     def __init__(self):
-        self.n, self.k, self.v = 0, None, None
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+class SlowHead:
+    """A head runtime whose forward takes 5 ms (of the fake clock) per row it reads (a draft
+    step reads one)."""
+
+    def __init__(self, clock):
+        self.n, self.k, self.v, self.clock = 0, None, None, clock
         self.last_logits = np.array([0.0, 3.0, 1.0], np.float32)
 
     def reset(self):
         self.n = 0
 
     def forward(self, tok_emb, hidden, pos0, commit, cache=None):
-        import time
-
-        time.sleep(0.005 * len(hidden))
+        self.clock.now += 0.005 * len(hidden)
         if commit:
             self.n = pos0 + len(hidden)
         return hidden, cache
 
 
-def test_a_head_reports_its_step_without_the_catch_up():
+def test_a_head_reports_its_step_without_the_catch_up(monkeypatch):
     """After a pause the head first reads every row that waited: that one-off cost is not a
     draft step, or a head the policy rarely lets draft would look ever dearer. The step it
     reports is a one-row forward, measured on chains and on short catch-ups."""
+    import edgespec.runtime.drafters as drafters
+
+    clock = FakeClock()
+    monkeypatch.setattr(drafters, "time", clock)
     d = HeadDrafter.__new__(HeadDrafter)
-    d.head, d.ids, d.pending, d.temperature = SlowHead(), np.array([5, 6, 7]), [], None
+    d.head, d.ids, d.pending, d.temperature = SlowHead(clock), np.array([5, 6, 7]), [], None
     d.embed, d._one_row_s, d.name = np.zeros((32, 2), np.float32), None, "slow"
     ctx = list(range(9))
     first = d.propose(ctx[:3], np.zeros((2, 2), np.float32), 3)  # prompt rows, then 2 steps
-    assert first.tokens == [6, 6, 6] and 0.004 < first.step_s < 0.012
+    assert first.tokens == [6, 6, 6] and first.step_s == pytest.approx(0.005)
     # 20 rows waited: reading them takes 100 ms, the step it reports stays one row's
     late = d.propose(ctx[:3] + list(range(20)), np.zeros((20, 2), np.float32), 1)
-    assert late.tokens == [6] and 0.004 < late.step_s < 0.012
+    assert late.tokens == [6] and late.step_s == pytest.approx(0.005)
+    # a short catch-up (one row read, one drafted) is a step too
+    short = d.propose(ctx[:3] + list(range(21)), np.zeros((1, 2), np.float32), 1)
+    assert short.step_s == pytest.approx(0.005)
 
 
 def test_lookup_scores_its_drafts_by_the_length_of_the_match():

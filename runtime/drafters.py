@@ -76,10 +76,11 @@ class PromptLookup:
             if s is not None:
                 self.last_match = n
                 k = min(k, limit(self.name)) if limit else k
-                m = n  # the match, extended backwards
-                while (m - n < self.MATCH_CAP and s - 1 - (m - n) >= 0
-                       and context[s - 1 - (m - n)] == context[n_ctx - 1 - m]):
-                    m += 1
+                back = 0  # tokens before both occurrences that agree too
+                while (back < self.MATCH_CAP and s - 1 - back >= 0
+                       and context[s - 1 - back] == context[n_ctx - n - 1 - back]):
+                    back += 1
+                m = n + back
                 toks = list(context[s + n:s + n + max(k, 0)])
                 return Draft(toks, conf=[(m + j) / (m + j + 2) for j in range(len(toks))],
                              source=self.name)

@@ -305,6 +305,15 @@ def lowrank_basis_table(path: Path) -> str:
         {"llama.cpp, full LM head": c["ms_full"], "llama.cpp, low-rank LM head": c["ms_lowrank"]})
 
 
+def chain_rule(e: dict) -> str:
+    """Which chain rule an eval-head JSON was scored with (older JSONs keep the earlier rule)."""
+    if "text_is_target_choice" in e:
+        return (f"chains followed only while the text is the target's greedy choice, as at run time "
+                f"(the text's next token was that choice at {e['text_is_target_choice']:.3f} of positions)")
+    return ("earlier rule: every draft, the first included, also counted as missed where the text's "
+            "next token was not the target's greedy choice")
+
+
 def scaling_table(path: Path) -> str:
     r = json.loads(path.read_text())
     pool = ", ".join(f"`{Path(f['folder']).name}` ({f['tokens']} tokens, {f['dtype']}, extracted at "
@@ -321,7 +330,8 @@ def scaling_table(path: Path) -> str:
                  f"the same recipe ({r['steps']} steps) on growing random subsets of one pool, {pool}; "
                  f"every head scored on the held-out samples of `{Path(r['eval_features']).name}` "
                  f"({r['rows'][0]['eval']['samples']} samples, {r['rows'][0]['eval']['positions']} chain "
-                 f"starts); {m['cpu']}, {m['cores']} cores, torch {m['versions'].get('torch')}.",
+                 f"starts; {chain_rule(r['rows'][0]['eval'])}); {m['cpu']}, {m['cores']} cores, "
+                 f"torch {m['versions'].get('torch')}.",
                  ["point", "training tokens", "samples", "steps", "train min", "draft vocab coverage",
                   "acceptance by position 1-4", "expected accepted, k=1", "k=4"], rows)
 
@@ -356,7 +366,7 @@ def render() -> str:
         parts += [render_one(p) for p in sorted((ROOT / "results").glob(pattern))]
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):
         r = json.loads(p.read_text())
-        parts.append(f"`{p.relative_to(ROOT)}` (offline, held-out features): acceptance by position "
+        parts.append(f"`{p.relative_to(ROOT)}` (offline, held-out features; {chain_rule(r)}): acceptance by position "
                      + " ".join(f"{a:.3f}" for a in r["acceptance_by_position"])
                      + "; expected accepted drafts for k = 1..8: "
                      + " ".join(f"{v:.2f}" for v in r["expected_accepted"].values()))

@@ -369,3 +369,31 @@ def test_a_killed_rank_fails_the_job_and_resume_continues(tiny):
     out, err = again.communicate(timeout=600)
     assert again.returncode == 0, err[-2000:]
     assert json.loads(out.strip().splitlines()[-1])["steps"] == 200
+
+
+def test_chain_acceptance_follows_a_chain_only_where_the_text_is_the_targets_choice():
+    import torch
+
+    from edgespec.training.train import chain_counts
+
+    # the target's greedy token after each position, and a text that leaves that path after
+    # positions 2 and 5 (the text's token 3 is not the target's choice after 2, nor 6 after 5)
+    target_next = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    toks = torch.tensor([0, 1, 2, 99, 4, 5, 99, 7, 8, 9, 10])
+    T = 6
+    # a head that always drafts the target's choice: every draft it makes is accepted, and a
+    # chain stops being followed (not rejected) where its context leaves the text
+    perfect = [target_next[j + 1:j + 1 + T] for j in range(3)]
+    tried, hits = chain_counts(perfect, target_next, toks)
+    assert list(hits) == list(tried) and tried[0] == T
+    # draft 2 at start t reads the text's token t + 2: on the path unless t + 2 is 3 or 6
+    assert tried[1] == sum(1 for t in range(T) if t + 2 not in (3, 6))
+    assert tried[2] == sum(1 for t in range(T) if not {t + 2, t + 3} & {3, 6})
+    # a miss at position 1 ends the chain there; the text's detour no longer matters for it
+    miss = [d.clone() for d in perfect]
+    miss[0][0] = -1
+    tried2, hits2 = chain_counts(miss, target_next, toks)
+    assert tried2[0] == T and hits2[0] == T - 1 and tried2[1] == tried[1] - 1
+    # start_from counts only later chain starts
+    late, _ = chain_counts(perfect, target_next, toks, start_from=4)
+    assert late[0] == 2

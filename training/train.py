@@ -532,8 +532,9 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
     to `max_chain` steps and compare with the target's argmax over the full vocabulary.
 
     `online`: `features` is a data folder, and the target runs over its held-out samples.
-    Reports per-position acceptance (conditional on all earlier drafts accepted) and the
-    expected accepted length of chains of 1..max_chain drafts. `start_from` counts only chain
+    Reports per-position acceptance (conditional on all earlier drafts accepted; a chain is
+    followed only while the text goes where greedy decoding would, `chain_counts`) and the
+    expected accepted length of chains of 1..max_chain drafts (from those rates). `start_from` counts only chain
     starts at that position or later (the head still reads everything before), e.g. past the
     sliding window.
     """
@@ -557,39 +558,66 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
     embed = embedding_rows(spec)
     full = torch.from_numpy(embed[0:embed.n_rows])  # the target's LM head (tied), [V, E]
     ids = torch.as_tensor(meta["draft_vocab"]["ids"])
-    ok_runs = []  # per chain start: number of leading steps accepted (0..max_chain)
+    tried = np.zeros(max_chain, dtype=np.int64)  # per draft position: chains that reached it
+    hits = np.zeros(max_chain, dtype=np.int64)  # ... and whose draft there was accepted
+    n_samples, text_same, text_n = 0, 0, 0
     for i in idx:
         toks = torch.as_tensor(feats.tokens[i].astype(np.int64))
         hid = torch.from_numpy(feats.hidden(i))
         T = len(toks) - max_chain - 1
-        if T < 1:
+        if T <= start_from:
             continue
         target_next = (hid[:, :full.shape[1]] @ full.T).argmax(-1)  # the target's greedy token after each position
         emb = torch.from_numpy(embed[toks.numpy()])[None]
         outs = head.forward_chain(emb[:, 1:], hid[None, :T], max_chain)
-        ok = torch.ones(T, dtype=torch.bool)
-        run = torch.zeros(T, dtype=torch.long)
-        for j, out in enumerate(outs):
-            draft = ids[head.logits(out[0]).argmax(-1)]
-            truth = target_next[j + 1:j + 1 + T]
-            # a chain goes on only while the draft is the target's choice and the text read
-            # next (the data token) is that same choice, as it would be at run time
-            ok &= (draft == truth) & (toks[j + 2:j + 2 + T] == truth)
-            run += ok.long()
-        if T > start_from:
-            ok_runs.append(run[start_from:])
-    if not ok_runs:
+        drafts = [ids[head.logits(out[0]).argmax(-1)] for out in outs]
+        t, a = chain_counts(drafts, target_next, toks, start_from)
+        tried += t
+        hits += a
+        n_samples += 1
+        same = toks[2:T + 1] == target_next[1:T]
+        text_same += int(same[start_from:].sum())
+        text_n += int(same[start_from:].numel())
+    if not n_samples:
         raise EdgespecError(f"no held-out sample is longer than --start-from {start_from} + {max_chain + 1}")
-    runs = torch.cat(ok_runs).float()
-    per_pos = [float(((runs >= j + 1).sum() / (runs >= j).sum().clamp_min(1))) for j in range(max_chain)]
-    expected = [float(runs.clamp(max=k).mean()) for k in range(1, max_chain + 1)]
-    return {"samples": len(ok_runs), "positions": int(runs.numel()),
+    per_pos = [float(h / n) if n else 0.0 for h, n in zip(hits, tried)]
+    expected = np.cumsum(np.cumprod(per_pos)).tolist()
+    return {"samples": n_samples, "positions": int(tried[0]),
             "acceptance_by_position": [round(x, 4) for x in per_pos],
             "expected_accepted": {str(k): round(v, 4) for k, v in zip(range(1, max_chain + 1), expected)},
+            "chains_by_position": [int(n) for n in tried],
+            # how often the text's next token is the target's greedy choice: where it is not,
+            # a chain cannot be followed past that token (run time would read the target's choice)
+            "text_is_target_choice": round(text_same / max(text_n, 1), 4),
             "draft_vocab": meta["draft_vocab"]["size"], "features_dtype": feats.dtype,
             "start_from": start_from,
             "head_train": {k: meta.get("train", {}).get(k) for k in
                            ("train_tokens", "train_samples", "steps_done", "seconds", "max_train_tokens")}}
+
+
+def chain_counts(drafts, target_next, toks, start_from: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Per draft position j: (chains that reached it, chains whose draft there was accepted),
+    over chain starts t >= `start_from` of one sample.
+
+    `drafts[j][t]`: the head's draft j + 1 at chain start t (draft 1 follows the text's token
+    t + 1); `target_next[u]`: the target's greedy token after position u; `toks`: the text.
+    Draft j is accepted where it is the target's choice after t + j + 1. Draft j (j >= 1) was
+    made reading the text's token t + j + 1 as the previous draft, which at run time is the
+    target's choice after t + j: where the text goes elsewhere, the chain's run-time context
+    is not in the text and it is not followed further (counted as reaching the earlier
+    positions only, neither accepted nor rejected there)."""
+    n = len(drafts)
+    T = len(drafts[0])
+    alive = torch.ones(T, dtype=torch.bool)  # earlier drafts accepted, the text on the target's path
+    tried, hits = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    for j, d in enumerate(drafts):
+        if j:
+            alive &= toks[j + 1:j + 1 + T] == target_next[j:j + T]
+        ok = d == target_next[j + 1:j + 1 + T]
+        tried[j] = int(alive[start_from:].sum())
+        alive &= ok
+        hits[j] = int(alive[start_from:].sum())
+    return tried, hits
 
 
 def checkpoint_target(meta: dict) -> TargetSpec:

@@ -431,7 +431,8 @@ class Generation:
         (embeddings mode), so a head the policy holds at zero between rare tries costs nothing
         meanwhile; it restarts from the rows read in the passes before its try (as it does
         after a long pause)."""
-        return self.want_hidden and (self._hidden_free or self.policy.soon("head", HIDDEN_LEAD))
+        return self.want_hidden and (self._hidden_free
+                                     or self.policy.soon(getattr(self.drafter, "source", "head"), HIDDEN_LEAD))
 
     def _verify(self, draft: Draft) -> tuple[np.ndarray, np.ndarray | None]:
         """One batched target pass over [pending] + drafts: logits (and hidden states) per row,

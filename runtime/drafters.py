@@ -8,6 +8,7 @@ draft from that source would not pay (asked before drafting, so unpaid draft ste
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 from pathlib import Path
@@ -104,10 +105,13 @@ class HeadDrafter:
 
     needs_hidden = True
     max_catch_up = 32
+    source = "head"  # the name the policy keeps this head's estimates under
 
-    def __init__(self, path: str | Path, target_spec):
+    def __init__(self, path: str | Path, target_spec, source: str = "head"):
         """`path`: a head GGUF or ONNX file (`edgespec export gguf|onnx`) or a training
-        checkpoint folder."""
+        checkpoint folder. `source`: the name its drafts carry (`make_drafter` gives each head
+        other than the shipped one a name of its own, so two heads never share estimates)."""
+        self.source = source
         self.head, info = load_head(path)
         if info.fingerprint != target_spec.tokenizer_fingerprint:
             raise EdgespecError(f"head {path} was trained for target '{info.target}' (fingerprint "
@@ -158,9 +162,9 @@ class HeadDrafter:
         that the head has not seen yet (pair: hidden at m, token at m + 1)."""
         self.keep(hidden)
         if limit:
-            k = min(k, limit("head"))
+            k = min(k, limit(self.source))
         if k <= 0 or not self.pending:
-            return Draft([], source="head")
+            return Draft([], source=self.source)
         hidden = np.concatenate(self.pending)[-self.max_catch_up:]
         self.pending = []
         return self._chain(context, hidden, k, p_min)
@@ -205,7 +209,7 @@ class HeadDrafter:
             step = (t2 - t1) / (len(drafts) - 1) if len(drafts) > 1 else t1 - t0
             last = self._one_row_s
             self._one_row_s = step if last is None else last + 0.2 * (step - last)
-        return Draft(drafts, q=qs, conf=conf, source="head", step_s=self._one_row_s)
+        return Draft(drafts, q=qs, conf=conf, source=self.source, step_s=self._one_row_s)
 
 
 class MixedDrafter:
@@ -229,6 +233,7 @@ class MixedDrafter:
         self.lookup = lookup or PromptLookup(min_ngram=min_match)
         self.single = PromptLookup(max_ngram=1, min_ngram=1) if min_match > 1 else None
         self.name = f"{head.name}+lookup"
+        self.source = head.source  # the head's: the decode loop reads hidden states for it
         self.feature_layers = getattr(head, "feature_layers", ())
 
     def reset(self) -> None:
@@ -266,5 +271,9 @@ def make_drafter(draft: str | None, spec):
         return PromptLookup()
     alone = draft.startswith("head:")
     name = draft[len("head:"):] if alone else draft
-    head = HeadDrafter(default_head(spec) if name == "default" else name, spec)
+    if name == "default":
+        head = HeadDrafter(default_head(spec), spec)
+    else:  # its own name: estimates learned for one head never steer another
+        where = str(Path(name).resolve()).encode()
+        head = HeadDrafter(name, spec, source=f"head:{hashlib.sha1(where).hexdigest()[:8]}")
     return head if alone else MixedDrafter(head)

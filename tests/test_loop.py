@@ -200,13 +200,15 @@ def test_cost_policy_forgets_a_poisoned_curve_within_the_run():
     assert policy.limit("") == 4 and g.stats.mean_accepted > 2.5
 
 
-def test_a_held_head_reads_no_hidden_states_between_its_tries(head_ckpt):
+@pytest.mark.parametrize("source", ["head", "head:0123abcd"])
+def test_a_held_head_reads_no_hidden_states_between_its_tries(head_ckpt, source):
     """Where the head does not pay, the policy holds it at zero between rare tries; the passes
     in between read no hidden states (they cost every pass something on a real engine). Each
-    try still sees the right rows: contiguous, each the target's state at its position."""
+    try still sees the right rows: contiguous, each the target's state at its position. The
+    same for a head under a name of its own."""
     spec, ckpt, _ = head_ckpt
     t = MockTarget(vocab=12, seed=5, n_embd=N_EMBD)
-    head = HeadDrafter(ckpt, spec)
+    head = HeadDrafter(ckpt, spec, source=source)
     seen = []
     chain = head._chain
 
@@ -239,6 +241,7 @@ def test_a_held_head_reads_no_hidden_states_between_its_tries(head_ckpt):
     assert seen and st.drafted_at[0] == len(seen)  # every try drafted from rows it was given
     assert st.hidden_passes == sum(reads[1:])  # (reads[0] is the prompt's rows, none here)
     assert st.hidden_passes < st.verify_passes / 3  # held at zero: mostly no hidden states
+    assert {s for s in policy.accs if s.startswith("head")} == {source}  # its estimates, its name
 
 
 def test_hidden_states_an_engine_computes_anyway_are_always_read(head_ckpt):
@@ -265,3 +268,20 @@ def test_hidden_states_an_engine_computes_anyway_are_always_read(head_ckpt):
     for _ in g:
         pass
     assert g.stats.hidden_passes < g.stats.verify_passes  # not free: read only before tries
+
+
+def test_each_head_file_drafts_under_a_name_of_its_own(head_ckpt, tmp_path):
+    """Two heads benched in one run (or used one after the other) never share acceptance
+    estimates: the shipped head drafts as "head", any other head file under a name drawn from
+    its path, the same each time it is loaded."""
+    import shutil
+
+    from edgespec.runtime.drafters import make_drafter
+
+    spec, ckpt, _ = head_ckpt
+    other = tmp_path / "copy"
+    shutil.copytree(ckpt, other)
+    a, a2, b = make_drafter(str(ckpt), spec), make_drafter(f"head:{ckpt}", spec), make_drafter(str(other), spec)
+    assert isinstance(a, MixedDrafter) and isinstance(a2, HeadDrafter)
+    assert a.source == a2.source == a.head.source != b.source
+    assert a.source.startswith("head:") and a.source != "head"

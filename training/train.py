@@ -534,9 +534,9 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
     `online`: `features` is a data folder, and the target runs over its held-out samples.
     Reports per-position acceptance (conditional on all earlier drafts accepted; a chain is
     followed only while the text goes where greedy decoding would, `chain_counts`) and the
-    expected accepted length of chains of 1..max_chain drafts (from those rates). `start_from` counts only chain
-    starts at that position or later (the head still reads everything before), e.g. past the
-    sliding window.
+    expected accepted length of chains of 1..max_chain drafts (from those rates).
+    `start_from` counts only chain starts at that position or later (the head still reads
+    everything before), e.g. past the sliding window.
     """
     head, meta = load_checkpoint(ckpt)
     spec = checkpoint_target(meta)

@@ -327,8 +327,10 @@ def scaling_table(path: Path) -> str:
                      f"{e['expected_accepted']['1']:.3f}", f"{e['expected_accepted']['4']:.3f}"])
     m = r["machine"]
     return table(f"Data scaling for {r['target']} (`{path.relative_to(ROOT)}`, `scripts/scaling_curve.py`): "
-                 f"the same recipe ({r['steps']} steps) on growing random subsets of one pool, {pool}; "
-                 f"every head scored on the held-out samples of `{Path(r['eval_features']).name}` "
+                 + (f"the same recipe ({r['steps']} steps) on growing random subsets of one pool, {pool}; "
+                    if all(x["steps"] == r["steps"] for x in r["rows"]) else
+                    f"the same recipe at each row's steps on one pool, {pool}; ")
+                 + f"every head scored on the held-out samples of `{Path(r['eval_features']).name}` "
                  f"({r['rows'][0]['eval']['samples']} samples, {r['rows'][0]['eval']['positions']} chain "
                  f"starts; {chain_rule(r['rows'][0]['eval'])}); {m['cpu']}, {m['cores']} cores, "
                  f"torch {m['versions'].get('torch')}.",

@@ -32,7 +32,9 @@ def run_threads(fn, n: int, timeout: float = 60) -> None:
 @pytest.mark.parametrize("draft,temperature", [("lookup", 0.0), ("oracle", 0.0), ("none", 0.9)])
 def test_slots_generate_together_what_each_would_alone(draft, temperature):
     eng = MockMulti(n_seq=4, vocab=26, seed=7, n_ctx=4 * 256)
-    b = Batcher(eng, 4)
+    # a generous wait, and every slot generating from the start: on a loaded machine a thread
+    # can start (or be scheduled) late, and a slot that decodes alone combines nothing
+    b = Batcher(eng, 4, max_wait=2.0)
 
     def llm(target):
         s = SpeculativeLlama(target, draft="lookup" if draft == "lookup" else None, seed=5)
@@ -51,6 +53,8 @@ def test_slots_generate_together_what_each_would_alone(draft, temperature):
                                            temperature=temperature)["choices"][0]["text"]
         b.deactivate(i)
 
+    for i in range(4):
+        b.activate(i)
     run_threads(run, 4)
     assert got == want
     assert max(len(batch) for batch in eng.batches) >= 2  # decodes were combined

@@ -249,6 +249,7 @@ class Generation:
         self.stopping = stopping
         self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self.want_hidden = bool(drafter and drafter.needs_hidden)
+        self._head_source = getattr(drafter, "source", "head")  # the name its head drafts under
         self._reading = False  # whether the last pass read hidden states (see `_read_hidden`)
         # greedy passes that read only argmaxes (the low-rank LM head may answer them)
         self._top_only = (sampling.greedy and not sampling.adjusts_logits and logprobs is None
@@ -431,8 +432,7 @@ class Generation:
         (embeddings mode), so a head the policy holds at zero between rare tries costs nothing
         meanwhile; it restarts from the rows read in the passes before its try (as it does
         after a long pause)."""
-        return self.want_hidden and (self._hidden_free
-                                     or self.policy.soon(getattr(self.drafter, "source", "head"), HIDDEN_LEAD))
+        return self.want_hidden and (self._hidden_free or self.policy.soon(self._head_source, HIDDEN_LEAD))
 
     def _verify(self, draft: Draft) -> tuple[np.ndarray, np.ndarray | None]:
         """One batched target pass over [pending] + drafts: logits (and hidden states) per row,

@@ -350,6 +350,23 @@ def data_speed_table(path: Path) -> str:
                   "each round"], rows)
 
 
+def verify_cost_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    m0 = r["machine"]
+    labels = {"full_last_row": "llama.cpp LM head, logits at the last row",
+              "full_every_row": "llama.cpp LM head, logits at every row",
+              "lowrank_trunk": "low-rank: trunk to the final norm",
+              "lowrank_candidates": "low-rank: candidate search",
+              "lowrank_rescore": "low-rank: exact rescoring",
+              "lowrank_decode": "low-rank: whole verify decode"}
+    ks = [row["rows"] for row in r["rows"]]
+    rows = [[label, *(f"{row['ms_median'][p]:.1f}" for row in r["rows"])] for p, label in labels.items()]
+    return table(f"Where a verify decode's time goes (`{path.relative_to(ROOT)}`, `scripts/verify_cost.py`): "
+                 f"{r['target']} ({r['file']}), {r['lowrank']}, one context of {r['context_tokens']} "
+                 f"tokens, median ms over {r['reps']} interleaved repetitions; {m0['cpu']}, "
+                 f"{m0['threads']} threads.", ["part, ms, by rows checked in one decode", *ks], rows)
+
+
 def render() -> str:
     """The Results block, markers included."""
     benches = sorted((ROOT / "results").glob("bench-*.json"))
@@ -364,7 +381,8 @@ def render() -> str:
                                 ("export-speculators-*.json", speculators_export_table),
                                 ("eagle3-check-*.json", eagle3_check_table),
                                 ("scaling-*.json", scaling_table),
-                                ("data-speed-*.json", data_speed_table)):
+                                ("data-speed-*.json", data_speed_table),
+                                ("verify-cost-*.json", verify_cost_table)):
         parts += [render_one(p) for p in sorted((ROOT / "results").glob(pattern))]
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):
         r = json.loads(p.read_text())

@@ -84,7 +84,8 @@ def _cmd_train(args) -> int:
     cfg = TrainConfig(optimizer=args.optimizer, steps=args.steps, batch=args.batch,
                       n_steps=args.unroll, draft_vocab=args.draft_vocab, lr=args.lr,
                       seed=args.seed, threads=args.threads or 0, save_every=args.save_every,
-                      arch=args.arch, max_train_tokens=args.max_train_tokens or 0)
+                      arch=args.arch, max_train_tokens=args.max_train_tokens or 0,
+                      init_from=os.path.abspath(args.init_from) if args.init_from else "")
     overrides = {}
     if args.layer_types:
         overrides["layer_types"] = args.layer_types.split(",")
@@ -629,6 +630,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--save-every", type=_positive_int, default=250,
                    help="steps between checkpoints (a killed run resumes from the last one)")
     s.add_argument("--resume", action="store_true")
+    s.add_argument("--init-from", default=None, metavar="CKPT",
+                   help="start from this checkpoint's weights and draft vocabulary (continued "
+                        "training: new optimizer state and schedule over --steps)")
     s.set_defaults(func=_cmd_train)
 
     s = sub.add_parser("eval-head", help="offline acceptance of a head on held-out features")

@@ -116,6 +116,40 @@ def test_train_learns_resumes_and_evaluates(tiny):
         train(str(path), feats, tmp / "head", small_cfg(), head_overrides=HEAD, log=lambda m: None)
 
 
+def test_init_from_continues_a_trained_head_with_a_new_schedule(tiny):
+    """--init-from: a new run starts from another checkpoint's weights and draft vocabulary (its
+    first loss is the trained head's, not a fresh one's), keeps its own schedule and step count,
+    and says where it started; a head of another shape or a missing folder is refused."""
+    from edgespec.training.train import eval_head, load_checkpoint, train
+
+    path, spec, feats, tmp = tiny
+    base = train(str(path), feats, tmp / "base", small_cfg(), head_overrides=HEAD, log=lambda m: None)
+    fresh = train(str(path), feats, tmp / "fresh", small_cfg(steps=6, warmup=2, save_every=6),
+                  head_overrides=HEAD, log=lambda m: None)
+    cont = train(str(path), feats, tmp / "cont",
+                 small_cfg(steps=6, warmup=2, save_every=6, init_from=str(tmp / "base")),
+                 log=lambda m: None)
+    assert cont["train"]["steps_done"] == 6 and cont["train"]["init_from"] == str(tmp / "base")
+    first = cont["train"]["history"][0]["loss"]
+    assert first < 0.5 * fresh["train"]["history"][0]["loss"], (first, fresh["train"]["history"][0])
+    assert first < 2 * base["train"]["history"][-1]["loss"] + 0.5
+    _, mb = load_checkpoint(tmp / "base")
+    _, mc = load_checkpoint(tmp / "cont")
+    assert (mb["draft_vocab"]["ids"] == mc["draft_vocab"]["ids"]).all()
+    assert mb["head"] == mc["head"]
+    got = eval_head(tmp / "cont", feats, max_chain=3)["expected_accepted"]
+    raw = eval_head(tmp / "fresh", feats, max_chain=3)["expected_accepted"]
+    assert got["1"] > 2 * raw["1"] and got["3"] > 2 * raw["3"], (got, raw)
+    with pytest.raises(EdgespecError, match="drop the head options"):
+        train(str(path), feats, tmp / "c2", small_cfg(init_from=str(tmp / "base")),
+              head_overrides=HEAD, log=lambda m: None)
+    with pytest.raises(EdgespecError, match="no checkpoint there"):
+        train(str(path), feats, tmp / "c3", small_cfg(init_from=str(tmp / "nothing")), log=lambda m: None)
+    with pytest.raises(EdgespecError, match="not eagle3"):
+        train(str(path), feats, tmp / "c4", small_cfg(init_from=str(tmp / "base"), arch="eagle3"),
+              log=lambda m: None)
+
+
 def test_several_feature_folders_train_once_per_sample_and_never_on_held_out(tiny):
     from edgespec.training.features import FeatureSet, open_features
     from edgespec.training.train import eval_head, split_samples, train

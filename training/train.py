@@ -92,6 +92,7 @@ class TrainConfig:
     save_every: int = 250
     threads: int = 0  # 0: torch's default
     arch: str = "mtp"  # "mtp" (edgespec's head) or "eagle3" (llama.cpp's EAGLE-3 graph)
+    init_from: str = ""  # a checkpoint whose weights and draft vocabulary a new run starts from
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -380,6 +381,24 @@ def _lr_factor(step: int, cfg: TrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))
 
 
+def _warm_start(cfg: TrainConfig, spec, head_overrides):
+    """A new run that starts from another checkpoint's weights and draft vocabulary (continued
+    training: fresh optimizer state and learning-rate schedule)."""
+    if head_overrides:
+        raise EdgespecError("--init-from takes the head's shape from the checkpoint; "
+                            "drop the head options")
+    src = Path(cfg.init_from)
+    if not (src / CKPT_CONFIG).exists():
+        raise EdgespecError(f"--init-from {src}: no checkpoint there")
+    head, m = load_checkpoint(src)
+    if m["target_fingerprint"] != spec.tokenizer_fingerprint:
+        raise EdgespecError(f"--init-from {src} is a head for another target")
+    if head_arch(m["head"]) != cfg.arch:
+        raise EdgespecError(f"--init-from {src} is a {head_arch(m['head'])} head, not {cfg.arch}")
+    head.train()
+    return head, {"ids": m["draft_vocab"]["ids"], "coverage": m["draft_vocab"]["coverage"]}
+
+
 def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None = None,
           resume: bool = False, head_overrides: dict | None = None, log=print,
           world: World | None = None) -> dict:
@@ -429,11 +448,14 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
     else:
         if out.exists() and (out / CKPT_CONFIG).exists() and not resume:
             raise EdgespecError(f"{out} already holds a checkpoint; pass --resume or a new --out")
-        vocab = build_draft_vocab([feats.tokens[i] for i in train_idx], cfg.draft_vocab,
-                                  spec.n_vocab, always=[spec.eos_id])
-        head = new_head(spec, cfg, len(vocab["ids"]), getattr(feats, "layers", ()),
-                        **(head_overrides or {}))
-        head.lm_head.copy_(torch.from_numpy(embed[vocab["ids"]]))
+        if cfg.init_from:
+            head, vocab = _warm_start(cfg, spec, head_overrides)
+        else:
+            vocab = build_draft_vocab([feats.tokens[i] for i in train_idx], cfg.draft_vocab,
+                                      spec.n_vocab, always=[spec.eos_id])
+            head = new_head(spec, cfg, len(vocab["ids"]), getattr(feats, "layers", ()),
+                            **(head_overrides or {}))
+            head.lm_head.copy_(torch.from_numpy(embed[vocab["ids"]]))
         start, state = 0, None
         meta = {}
     if tuple(getattr(feats, "layers", ())) != tuple(getattr(head.c, "target_layers", ())):

@@ -85,7 +85,8 @@ def _cmd_train(args) -> int:
                       n_steps=args.unroll, draft_vocab=args.draft_vocab, lr=args.lr,
                       seed=args.seed, threads=args.threads or 0, save_every=args.save_every,
                       arch=args.arch, max_train_tokens=args.max_train_tokens or 0,
-                      init_from=os.path.abspath(args.init_from) if args.init_from else "")
+                      init_from=os.path.abspath(args.init_from) if args.init_from else "",
+                      topk=args.topk, topk_weight=args.topk_weight)
     overrides = {}
     if args.layer_types:
         overrides["layer_types"] = args.layer_types.split(",")
@@ -619,6 +620,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train on a fixed random subset of the training samples this many tokens "
                         "large (data-scaling curves); default all")
     s.add_argument("--lr", type=float, default=2e-3)
+    s.add_argument("--topk-weight", type=float, default=0.0,
+                   help="add this times the cross-entropy on the target's --topk most likely "
+                        "draft tokens to the forward KL (ranking-aware, HASS-style; 0: KL alone)")
+    s.add_argument("--topk", type=_positive_int, default=10)
     s.add_argument("--layer-types", default=None, help="mtp: e.g. sliding,global")
     s.add_argument("--arch", default="mtp", choices=["mtp", "eagle3"],
                    help="mtp: edgespec's head (default); eagle3: llama.cpp's EAGLE-3 graph, on "

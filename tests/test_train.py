@@ -150,6 +150,44 @@ def test_init_from_continues_a_trained_head_with_a_new_schedule(tiny):
               log=lambda m: None)
 
 
+def test_topk_loss_adds_the_targets_top_tokens_cross_entropy_and_still_learns(tiny):
+    """--topk-weight w: the loss is the forward KL plus w times the cross-entropy on the target's
+    top-K draft tokens (checked against a hand computation on one batch), and a head trained
+    with it still learns the synthetic chain."""
+    from edgespec.training.features import open_features
+    from edgespec.training.train import (Batcher, chain_loss, eval_head, load_checkpoint, loss_counts,
+                                         split_samples, train)
+    from edgespec.targets import embedding_rows
+
+    path, spec, feats, tmp = tiny
+    meta = train(str(path), feats, tmp / "topk", small_cfg(topk=3, topk_weight=1.0),
+                 head_overrides=HEAD, log=lambda m: None)
+    assert meta["train"]["topk_weight"] == 1.0 and meta["train"]["topk"] == 3
+    r = eval_head(tmp / "topk", feats, max_chain=3)["expected_accepted"]
+    assert r["1"] >= 0.4 and r["3"] >= 1.0, r
+    head, m = load_checkpoint(tmp / "topk")
+    f = open_features(feats)
+    cfg0 = small_cfg(n_steps=1)
+    idx, _ = split_samples(f, 0, 0)
+    toks, hid, valid, emb = Batcher(f, idx, cfg0, embedding_rows(spec), seed=0).for_step(0)
+    t2d = torch.full((spec.n_vocab,), -1, dtype=torch.long)
+    t2d[torch.as_tensor(m["draft_vocab"]["ids"])] = torch.arange(len(m["draft_vocab"]["ids"]))
+    counts = loss_counts(toks, valid, cfg0, t2d)
+    with torch.no_grad():
+        base, _ = chain_loss(head, toks, hid, valid, emb, cfg0, t2d, counts)
+        w, _ = chain_loss(head, toks, hid, valid, emb, small_cfg(n_steps=1, topk=3, topk_weight=0.5),
+                          t2d, counts)
+        T = hid.shape[1] - 1
+        out = head.forward_chain(emb[:, 1:], hid[:, :T], 1, valid=valid[:, :T])[0]
+        q = torch.log_softmax(head.logits(out).float(), -1)
+        p = torch.softmax(head.teacher_logits(hid[:, 1:])[:, :T], -1)
+        tp, ti = p.topk(3, dim=-1)
+        ce = -(tp * q.gather(-1, ti)).sum(-1)
+        mask = (valid[:, 1:1 + T] & valid[:, :T]).float()
+        want = 0.5 * float((ce * mask).sum()) / float(counts[0])
+    assert want > 0 and abs((float(w) - float(base)) - want) < 1e-4 * max(1.0, want), (w, base, want)
+
+
 def test_several_feature_folders_train_once_per_sample_and_never_on_held_out(tiny):
     from edgespec.training.features import FeatureSet, open_features
     from edgespec.training.train import eval_head, split_samples, train

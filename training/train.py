@@ -86,6 +86,8 @@ class TrainConfig:
     warmup: int = 100
     clip: float = 1.0
     ce_weight: float = 0.0  # optional cross-entropy on the data token
+    topk: int = 10  # top-K distillation: the target's K most likely draft tokens ...
+    topk_weight: float = 0.0  # ... weigh this much more in the loss (0: forward KL alone)
     draft_vocab: int = 4096
     seed: int = 0
     max_train_tokens: int = 0  # 0: every training sample; else a fixed random subset this large
@@ -191,7 +193,8 @@ def loss_counts(toks, valid, cfg: TrainConfig, t2d=None) -> torch.Tensor:
 
 
 def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d, counts):
-    """Weighted KL over unrolled steps; returns (loss, per-step top-1 agreement counts).
+    """Weighted KL (plus, with `topk_weight`, the cross-entropy on the target's top-K draft
+    tokens once more: a ranking-aware term in the manner of HASS) over unrolled steps; returns (loss, per-step top-1 agreement counts).
     `counts`: the positions each mean is over (`loss_counts`, summed over the ranks), so with
     several ranks the loss is this rank's part of the global mean; the agreements are sums
     (divided by the KL counts once summed over the ranks)."""
@@ -209,6 +212,9 @@ def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d, coun
         q_log = torch.log_softmax(head.logits(out).float(), -1)
         m = (valid[:, j + 1:j + 1 + T] & valid[:, :T]).float()
         kl = (p * (logp_all[:, j:j + T] - q_log)).sum(-1)
+        if cfg.topk_weight:  # HASS-style: the target's top-K tokens' cross-entropy again
+            top_p, top_i = p.topk(min(cfg.topk, p.shape[-1]), dim=-1)
+            kl = kl - cfg.topk_weight * (top_p * q_log.gather(-1, top_i)).sum(-1)
         loss_j = (kl * m).sum() / float(max(counts[per * j], 1))
         if per == 2:
             tgt = t2d[toks[:, j + 2:j + 2 + T]]

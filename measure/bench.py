@@ -305,6 +305,7 @@ def _timed_runs(prompts, ids_per_prompt, methods, engine, run, results, max_new_
                 "draft_steps": s.draft_steps,
                 "accepted_at": s.accepted_at, "drafted_at": s.drafted_at, "draft_s": s.draft_s,
                 "verify_s": s.verify_s, "token_ids": g.token_ids,
+                "by_source": {k: list(v) for k, v in s.by_source.items()},
             })
             bar.update(1)
         if len(ids) + 2 * max_new_tokens + 32 < n_ctx and g.target is engine:
@@ -359,7 +360,19 @@ def _agg(rows: list[dict]) -> dict:
         "ms_per_verify": round(1000 * sum(r["verify_s"] for r in rows) / passes, 3) if passes else 0.0,
         "verify_passes": passes, "drafted": drafted, "draft_steps": steps,
         "accepted": sum(r["accepted"] for r in rows),
+        "by_source": _by_source(rows),
     }
+
+
+def _by_source(rows: list[dict]) -> dict:
+    """Verify passes, drafted and accepted tokens by the source of each pass's draft ("none":
+    passes that verified no draft), summed over prompts."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        for src, (n, d, a) in sorted(r.get("by_source", {}).items()):
+            o = out.setdefault(src, {"passes": 0, "drafted": 0, "accepted": 0})
+            o["passes"], o["drafted"], o["accepted"] = o["passes"] + n, o["drafted"] + d, o["accepted"] + a
+    return out
 
 
 def _ratios(rows: list[dict], base: list[dict]) -> list[float]:
@@ -428,6 +441,13 @@ def format_table(report: dict) -> str:
         lines.append("speedup by kind (median): " + "; ".join(
             f"{name}: " + ", ".join(f"{k} {m['by_kind'][k]['speedup']:.2f}x" for k in kinds if k in m["by_kind"])
             for name, m in report["methods"].items() if name != "target"))
+    src = [(name, m["by_source"]) for name, m in report["methods"].items()
+           if len(m.get("by_source", {})) > 1]
+    if src:
+        lines.append("verify passes by draft source (passes: drafted/accepted): " + "; ".join(
+            f"{name}: " + ", ".join(f"{k} {v['passes']}: {v['drafted']}/{v['accepted']}"
+                                    for k, v in by.items())
+            for name, by in src))
     mem = report.get("memory")
     if mem:
         lines.append(f"peak RSS, fresh process each: plain llama.cpp {mem['plain_llama_cpp_peak_rss_mb']:.0f} MB; "

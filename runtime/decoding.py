@@ -111,6 +111,9 @@ class Stats:
     accepted: int = 0
     accepted_at: list[int] = field(default_factory=list)  # accepted count per draft position
     drafted_at: list[int] = field(default_factory=list)
+    # per draft source ("lookup", "head", ...; "none" for passes that verified no draft):
+    # [verify passes, drafted, accepted]
+    by_source: dict[str, list[int]] = field(default_factory=dict)
     prefill_s: float = 0.0
     decode_s: float = 0.0  # all time after prefill: drafting + verifying + bookkeeping
     draft_s: float = 0.0
@@ -500,6 +503,8 @@ class Generation:
         for i in range(n):
             st.drafted_at[i] += 1
             st.accepted_at[i] += int(i < n_acc)
+        row = st.by_source.setdefault(draft.source if n else "none", [0, 0, 0])
+        row[0], row[1], row[2] = row[0] + 1, row[1] + n, row[2] + n_acc
         self.policy.update(n, n_acc, draft.source)
 
     def _emit(self, tok: int, end: str | None = None) -> str:

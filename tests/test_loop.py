@@ -74,6 +74,11 @@ def test_head_drafters_in_the_loop_are_lossless_and_feed_every_row(head_ckpt, mi
     assert len(resets) == 1  # only the generation's own reset: no row was ever skipped
     if mixed:  # greedy mock text repeats: lookup drafts are accepted far more than chance
         assert st.accepted / st.drafted > 0.3
+    # the passes, drafts and acceptances by source add up to the totals
+    rows = st.by_source.values()
+    assert [sum(r[i] for r in rows) for i in range(3)] == [st.verify_passes, st.drafted, st.accepted]
+    assert set(st.by_source) - {"none"} <= ({"lookup", "lookup1", head.source} if mixed else {head.source})
+    assert st.by_source[head.source][1] > 0 or (mixed and st.by_source.get("lookup", [0, 0])[1] > 0)
 
 
 def test_head_drafter_sampling_keeps_target_distribution(head_ckpt):

@@ -9,7 +9,8 @@ Each point is `edgespec train --max-train-tokens N` (a fixed random subset of th
 samples; `all` = the whole pool), trained into RUNS/tokens-N (resumed where a run was killed,
 skipped where finished), then `edgespec eval-head --features EVAL`. Training never sees a sample
 equal to a held-out one of any pool folder. `--extra LABEL=HEAD` adds a head trained elsewhere
-(its own recorded data). Writes results/scaling-TARGET.json (append-only: -run2, ...).
+(its own recorded data; a head continued with `train --init-from` counts the steps and seconds
+of the runs it continued). Writes results/scaling-TARGET.json (append-only: -run2, ...).
 """
 
 import argparse
@@ -32,13 +33,27 @@ def run(cmd: list[str], log: Path) -> str:
     return r.stdout
 
 
+def lineage(head: Path) -> tuple[int, float, list[str]]:
+    """Steps and seconds of a head's training, counting the runs it was continued from
+    (`train --init-from`), and those runs' folders."""
+    t = json.loads((head / "config.json").read_text())["train"]
+    steps, secs, chain = t["steps_done"], t["seconds"], []
+    while t.get("init_from"):
+        chain.append(t["init_from"])
+        t = json.loads((Path(t["init_from"]) / "config.json").read_text())["train"]
+        steps, secs = steps + t["steps_done"], secs + t["seconds"]
+    return steps, secs, chain
+
+
 def row(label: str, head: Path, ev: dict) -> dict:
     c = json.loads((head / "config.json").read_text())
     t = c["train"]
+    steps, secs, chain = lineage(head)
     return {"label": label, "head": str(head), "max_train_tokens": t.get("max_train_tokens", 0),
             "train_tokens": t["train_tokens"], "train_samples": t["train_samples"],
-            "steps": t["steps_done"], "batch": t["batch"], "seq_len": t["seq_len"],
-            "train_seconds": t["seconds"], "features": t["features"],
+            "steps": steps, "batch": t["batch"], "seq_len": t["seq_len"],
+            "train_seconds": secs, "features": t["features"],
+            **({"continued_from": chain, "steps_last_run": t["steps_done"]} if chain else {}),
             "draft_vocab": c["draft_vocab"]["size"], "draft_vocab_coverage": c["draft_vocab"]["coverage"],
             "eval": ev}
 

@@ -40,7 +40,11 @@ def lineage(head: Path) -> tuple[int, float, list[str]]:
     steps, secs, chain = t["steps_done"], t["seconds"], []
     while t.get("init_from"):
         chain.append(t["init_from"])
-        t = json.loads((Path(t["init_from"]) / "config.json").read_text())["train"]
+        src = Path(t["init_from"]) / "config.json"
+        if not src.exists():  # the earlier run's folder is gone: count what is known
+            chain.append("(not found: earlier steps not counted)")
+            break
+        t = json.loads(src.read_text())["train"]
         steps, secs = steps + t["steps_done"], secs + t["seconds"]
     return steps, secs, chain
 

@@ -136,7 +136,7 @@ def test_init_from_continues_a_trained_head_with_a_new_schedule(tiny):
     _, mb = load_checkpoint(tmp / "base")
     _, mc = load_checkpoint(tmp / "cont")
     assert (mb["draft_vocab"]["ids"] == mc["draft_vocab"]["ids"]).all()
-    assert mb["head"] == mc["head"]
+    assert mb["head"] == mc["head"] and mc["train"]["draft_vocab"] == len(mb["draft_vocab"]["ids"])
     got = eval_head(tmp / "cont", feats, max_chain=3)["expected_accepted"]
     raw = eval_head(tmp / "fresh", feats, max_chain=3)["expected_accepted"]
     assert got["1"] > 2 * raw["1"] and got["3"] > 2 * raw["3"], (got, raw)

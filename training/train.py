@@ -194,7 +194,8 @@ def loss_counts(toks, valid, cfg: TrainConfig, t2d=None) -> torch.Tensor:
 
 def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d, counts):
     """Weighted KL (plus, with `topk_weight`, the cross-entropy on the target's top-K draft
-    tokens once more: a ranking-aware term in the manner of HASS) over unrolled steps; returns (loss, per-step top-1 agreement counts).
+    tokens once more: a ranking-aware term in the manner of HASS) over unrolled steps; returns
+    (loss, per-step top-1 agreement counts).
     `counts`: the positions each mean is over (`loss_counts`, summed over the ranks), so with
     several ranks the loss is this rank's part of the global mean; the agreements are sums
     (divided by the KL counts once summed over the ranks)."""
@@ -402,6 +403,7 @@ def _warm_start(cfg: TrainConfig, spec, head_overrides):
     if head_arch(m["head"]) != cfg.arch:
         raise EdgespecError(f"--init-from {src} is a {head_arch(m['head'])} head, not {cfg.arch}")
     head.train()
+    cfg.draft_vocab = int(len(m["draft_vocab"]["ids"]))  # the config records the vocabulary it has
     return head, {"ids": m["draft_vocab"]["ids"], "coverage": m["draft_vocab"]["coverage"]}
 
 

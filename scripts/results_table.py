@@ -338,6 +338,22 @@ def scaling_table(path: Path) -> str:
                   "acceptance by position 1-4", "expected accepted, k=1", "k=4"], rows)
 
 
+def head_ablation_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    f, e0 = r["features"], next(iter(r["rows"].values()))["eval"]
+    rows = [[name, x["arch"], x["draft_vocab"], f"{x['draft_vocab_coverage']:.3f}",
+             f"{x['topk_weight']:g}" if x["topk_weight"] else "", f"{x['trainable_parameters'] / 1e6:.2f}",
+             " ".join(f"{a:.3f}" for a in x["acceptance_by_position"][:4]),
+             *(f"{x['expected_accepted'][k]:.3f}" for k in "148"), f"{x['seconds'] / 60:.0f}"]
+            for name, x in r["rows"].items()]
+    return table(f"Head ablation for {r['target']} (`{path.relative_to(ROOT)}`, `scripts/head_ablation.sh`): "
+                 f"one {f['dtype']} folder of {f['tokens']} tokens ({r['data']}; layers {f['layers']} stored "
+                 f"too), {r['steps']} steps each, same seed; scored on its {e0['samples']} held-out samples "
+                 f"({e0['positions']} chain starts; {chain_rule(e0)}); {r['machine']}.",
+                 ["head", "arch", "draft vocab", "coverage", "top-K weight", "trainable M",
+                  "acceptance by position 1-4", "expected accepted, k=1", "k=4", "k=8", "train min"], rows)
+
+
 def data_speed_table(path: Path) -> str:
     r = json.loads(path.read_text())
     rows = [[p, f"{x['median_new_tokens_per_s']:.1f}", f"{x['vs_first']:.2f}x",
@@ -430,6 +446,8 @@ def render() -> str:
                            f"{r['seq_len']} positions, same seed.",
                            ["head layers", "chain starts", "expected accepted, k=1", "k=2", "k=4",
                             "starts past the window", "k=1", "k=2", "k=4", "train s"], rows))
+    for p in sorted((ROOT / "results").glob("ablation-head-*.json")):
+        parts.append(head_ablation_table(p))
     for p in sorted((ROOT / "results").glob("export-head-*.json")):
         r = json.loads(p.read_text())
         rows = [[Path(e["out"]).name, e["check"]["runtime"], f"{e['bytes'] / 2**20:.1f}",

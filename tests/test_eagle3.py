@@ -186,8 +186,6 @@ def test_wrong_head_or_features_are_clear_errors(tiny3, tmp_path):
     plain = write_features(tmp / "plain", spec)
     with pytest.raises(EdgespecError, match="--layers"):
         train(str(path), plain, tmp / "x", small_cfg(arch="eagle3", steps=2), log=lambda m: None)
-    with pytest.raises(EdgespecError, match="extract without --layers"):
-        train(str(path), feats3, tmp / "y", small_cfg(steps=2), log=lambda m: None)
     train_tiny_mtp(path, plain, tmp / "mtp")
     with pytest.raises(EdgespecError, match="not an EAGLE-3 head"):
         write_eagle3_gguf(tmp / "mtp", tmp / "m.gguf")
@@ -195,6 +193,21 @@ def test_wrong_head_or_features_are_clear_errors(tiny3, tmp_path):
                         "--out", str(tmp / "m.gguf")], capture_output=True, text=True)
     assert r.returncode == 2 and "not an EAGLE-3 head" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp / "m.gguf").exists()
+
+
+def test_an_mtp_head_on_layer_features_reads_the_final_state_alone(tiny3):
+    """One extraction with --layers feeds both heads: an MTP head trained and scored on it is
+    the head trained and scored on the final hidden states alone (same weights, same scores)."""
+    from edgespec.training.train import eval_head, load_checkpoint
+
+    path, spec, feats3, tmp = tiny3
+    final = write_features(tmp / "final", spec, dtype="fp16")  # the same final states, no layers
+    for feats, out in ((feats3, tmp / "m3"), (final, tmp / "m1")):
+        train_tiny_mtp(path, feats, out)
+    a, b = load_checkpoint(tmp / "m3")[0].state_dict(), load_checkpoint(tmp / "m1")[0].state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = eval_head(tmp / "m3", feats3), eval_head(tmp / "m1", final)
+    assert ra["acceptance_by_position"] == rb["acceptance_by_position"] and ra["chains_by_position"][0] > 0
 
 
 def test_the_exported_file_reads_back_as_the_trained_head(tiny3):

@@ -392,6 +392,25 @@ class FeatureSet(_Samples):
         return self.parts[k].hidden(j)
 
 
+class FinalStateOnly(_Samples):
+    """A view of features that also hold layer inputs (`extract --layers`) with the final
+    hidden state alone, what the MTP head reads: one extraction feeds both kinds of head."""
+
+    def __init__(self, feats: _Samples):
+        self.inner = feats
+        self.fingerprint, self.n_embd, self.layers = feats.fingerprint, feats.n_embd, ()
+        self.dtype, self.manifest = feats.dtype, feats.manifest
+        self.tokens, self._ids = feats.tokens, feats.sample_ids()
+
+    def hidden(self, i: int) -> np.ndarray:
+        return np.ascontiguousarray(self.inner.hidden(i)[:, :self.n_embd])
+
+
+def final_state_only(feats: _Samples) -> _Samples:
+    """`feats` as the MTP head reads them: unchanged without layer inputs, else `FinalStateOnly`."""
+    return FinalStateOnly(feats) if getattr(feats, "layers", ()) else feats
+
+
 class OnlineFeatures(_Samples):
     """The `Features` interface computed on the fly: the target runs over a data sample when
     training first asks for it, and the hidden states stay in RAM only (float16, an LRU cache of

@@ -29,7 +29,7 @@ from edgespec.runtime.formats import (CKPT_CONFIG, CKPT_META_CONFIG, CKPT_STATE,
                                        Eagle3Config, HeadConfig, head_arch, read_checkpoint_config)
 from edgespec.targets import KNOWN_TARGETS, TargetSpec, embedding_rows, load_target_spec
 from edgespec.training.distributed import World, lost_peer
-from edgespec.training.features import Features, open_features
+from edgespec.training.features import Features, final_state_only, open_features
 from edgespec.training.eagle3 import Eagle3Head
 from edgespec.training.head import MTPHead
 
@@ -432,6 +432,8 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
     torch.manual_seed(cfg.seed)
     spec = load_target_spec(target)
     feats = open_features(features)
+    if cfg.arch == "mtp":  # features with layer inputs too: the MTP head reads the final state
+        feats = final_state_only(feats)
     if feats.fingerprint != spec.tokenizer_fingerprint:
         raise EdgespecError(f"{features} holds features of another target (fingerprint "
                             f"{feats.fingerprint} != {spec.tokenizer_fingerprint})")
@@ -579,6 +581,8 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
     if feats.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{features} holds features of another target than the head's")
     want = tuple(getattr(head.c, "target_layers", ()))
+    if not want:  # an MTP head reads the final hidden state, stored first when layers are too
+        feats = final_state_only(feats)
     if tuple(getattr(feats, "layers", ())) != want:
         raise EdgespecError(f"{features} holds features of layers {list(getattr(feats, 'layers', ()))}; "
                             f"this head reads {list(want) or 'the final hidden state only'}")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Head ablation at an equal budget: what to change in the MTP head's recipe, on the same data.
 #   scripts/head_ablation.sh runs/head-abl      -> results/ablation-head-gemma3-270m.json
-# (STEPS, N_PROMPTS: steps per head, default 400; passages, default 1000)
+# (STEPS, N_PROMPTS: steps per head, default 400; passages, default 1000; ROWS: which heads,
+#  default the first four below)
 # Real text only (site-packages and standard-library passages, first 256 tokens each, no
 # generation), one int4 extraction that also stores the inputs of layers 2, n/2 and n-3, so one
 # folder feeds every head. Heads, same steps, batch, seed and features:
@@ -9,25 +10,32 @@
 #   mtp-topk      the same plus 1.0 x cross-entropy on the target's 10 most likely draft tokens
 #   mtp-vocab8k   the same as mtp-kl with an 8,192-token draft vocabulary
 #   eagle3        llama.cpp's EAGLE-3 graph on the fused three-layer features
+#   mtp-kl-seed1  mtp-kl with another seed (initial weights and batch order): the noise floor
+#   mtp-topk-vocab8k  the top-K term and the 8,192-token vocabulary together
 # All are scored with `eval-head` on the folder's held-out samples (acceptance against the
 # target's full-vocabulary argmax). Every stage resumes: rerun the same command after a stop.
 set -euo pipefail
 out=${1:?run folder}; steps=${STEPS:-400}; n=${N_PROMPTS:-1000}; target=gemma3-270m
 es=.venv/bin/edgespec
+declare -A extra=([mtp-kl]="" [mtp-topk]="--topk-weight 1 --topk 10"
+                  [mtp-vocab8k]="--draft-vocab 8192" [eagle3]="--arch eagle3"
+                  [mtp-kl-seed1]="--seed 1"
+                  [mtp-topk-vocab8k]="--topk-weight 1 --topk 10 --draft-vocab 8192")
+rows=${ROWS:-mtp-kl mtp-topk mtp-vocab8k eagle3}
+for r in $rows; do
+  [ -n "${extra[$r]+set}" ] || { echo "head_ablation.sh: unknown row '$r' (known: ${!extra[*]})" >&2; exit 2; }
+done
 mkdir -p "$out"
 done_() { [ -f "$1/manifest.json" ] && grep -q '"complete": true' "$1/manifest.json"; }
 done_ "$out/data" || $es data --target $target --out "$out/data" --prompts site-packages stdlib \
     --new-tokens 0 --text-tokens 256 --n-prompts "$n" --seed 3
 done_ "$out/feat" || $es extract --target $target --data "$out/data" --out "$out/feat" \
     --dtype int4 --n-batch 256 --layers eagle3
-declare -A extra=([mtp-kl]="" [mtp-topk]="--topk-weight 1 --topk 10"
-                  [mtp-vocab8k]="--draft-vocab 8192" [eagle3]="--arch eagle3")
-rows="mtp-kl mtp-topk mtp-vocab8k eagle3"
 for r in $rows; do
   d="$out/$r"
   # shellcheck disable=SC2086  # the extra flags are meant to split
   $es train --target $target --features "$out/feat" --out "$d" --steps "$steps" --seed 0 \
-      --resume ${extra[$r]}  # a finished head is left as it is
+      --resume ${extra[$r]}  # a finished head is left as it is (a later --seed wins)
   [ -s "$d.eval.json" ] || { $es eval-head "$d" --features "$out/feat" --json > "$d.eval.tmp" \
       && mv "$d.eval.tmp" "$d.eval.json"; }
 done
@@ -44,7 +52,8 @@ for r in names:
                "draft_vocab_coverage": c["draft_vocab"]["coverage"],
                "trainable_parameters": t.get("trainable_parameters"),
                "topk_weight": t.get("topk_weight"),
-               "topk": t.get("topk"), "steps": t["steps_done"], "seconds": t["seconds"],
+               "topk": t.get("topk"), "seed": t.get("seed"), "steps": t["steps_done"],
+               "seconds": t["seconds"],
                "train_tokens": t.get("train_tokens"),
                "final_loss": t["history"][-1]["loss"] if t.get("history") else None,
                "acceptance_by_position": e["acceptance_by_position"],
@@ -56,8 +65,8 @@ doc = {"target": "gemma3-270m", "steps": steps, "rows": rows,
                     "tokens": feat.get("tokens"), "samples": feat.get("samples")},
        "data": "edgespec data --prompts site-packages stdlib --new-tokens 0 --text-tokens 256 "
                f"--n-prompts {json.load(open(f'{out}/data/manifest.json'))['config']['n_prompts']} --seed 3",
-       "note": "same features, steps, batch and seed for every head; eval-head on the folder's "
-               "held-out samples",
+       "note": "same features, steps, batch and seed (0 unless the row says) for every head; "
+               "eval-head on the folder's held-out samples",
        "machine": f"{platform.machine()}, 2 cores, torch CPU, Python {platform.python_version()}"}
 print("wrote", write_result("results", "ablation-head-gemma3-270m", doc))
 print(json.dumps({r: (v["acceptance_by_position"][0], v["expected_accepted"].get("4"), v["seconds"])

@@ -342,15 +342,16 @@ def head_ablation_table(path: Path) -> str:
     r = json.loads(path.read_text())
     f, e0 = r["features"], next(iter(r["rows"].values()))["eval"]
     rows = [[name, x["arch"], x["draft_vocab"], f"{x['draft_vocab_coverage']:.3f}",
-             f"{x['topk_weight']:g}" if x["topk_weight"] else "", f"{x['trainable_parameters'] / 1e6:.2f}",
+             f"{x['topk_weight']:g}" if x["topk_weight"] else "", x.get("seed", 0),
+             f"{x['trainable_parameters'] / 1e6:.2f}",
              " ".join(f"{a:.3f}" for a in x["acceptance_by_position"][:4]),
              *(f"{x['expected_accepted'][k]:.3f}" for k in "148"), f"{x['seconds'] / 60:.0f}"]
             for name, x in r["rows"].items()]
     return table(f"Head ablation for {r['target']} (`{path.relative_to(ROOT)}`, `scripts/head_ablation.sh`): "
                  f"one {f['dtype']} folder of {f['tokens']} tokens ({r['data']}; layers {f['layers']} stored "
-                 f"too), {r['steps']} steps each, same seed; scored on its {e0['samples']} held-out samples "
+                 f"too), {r['steps']} steps each; scored on its {e0['samples']} held-out samples "
                  f"({e0['positions']} chain starts; {chain_rule(e0)}); {r['machine']}.",
-                 ["head", "arch", "draft vocab", "coverage", "top-K weight", "trainable M",
+                 ["head", "arch", "draft vocab", "coverage", "top-K weight", "seed", "trainable M",
                   "acceptance by position 1-4", "expected accepted, k=1", "k=4", "k=8", "train min"], rows)
 
 

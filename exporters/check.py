@@ -24,7 +24,7 @@ def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Pa
 
     from edgespec.runtime.heads import load_head
     from edgespec.targets import embedding_rows
-    from edgespec.training.features import Features
+    from edgespec.training.features import Features, final_state_only
     from edgespec.training.train import checkpoint_target, load_checkpoint, split_samples
 
     head, meta = load_checkpoint(ckpt)
@@ -33,10 +33,9 @@ def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Pa
     nh, info = load_head(exported)
     if info.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{exported} is not an export of {ckpt} (target fingerprints differ)")
-    feats = Features(features)
-    if feats.fingerprint != meta["target_fingerprint"] or feats.layers:
-        raise EdgespecError(f"{features}: not features of this head's target without layer inputs "
-                            "(extract them without --layers)")
+    feats = final_state_only(Features(features))  # with layer inputs stored: the final state alone
+    if feats.fingerprint != meta["target_fingerprint"]:
+        raise EdgespecError(f"{features}: not features of this head's target")
     embed = embedding_rows(checkpoint_target(meta))
     idx = split_samples(feats)[1][:max_samples]
     if not idx:

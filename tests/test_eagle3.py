@@ -196,8 +196,8 @@ def test_wrong_head_or_features_are_clear_errors(tiny3, tmp_path):
 
 
 def test_an_mtp_head_on_layer_features_reads_the_final_state_alone(tiny3):
-    """One extraction with --layers feeds both heads: an MTP head trained and scored on it is
-    the head trained and scored on the final hidden states alone (same weights, same scores)."""
+    """One extraction with --layers feeds both heads: an MTP head trained, scored and its export
+    checked on it is the head trained, scored and checked on the final hidden states alone."""
     from edgespec.training.train import eval_head, load_checkpoint
 
     path, spec, feats3, tmp = tiny3
@@ -208,6 +208,14 @@ def test_an_mtp_head_on_layer_features_reads_the_final_state_alone(tiny3):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     ra, rb = eval_head(tmp / "m3", feats3), eval_head(tmp / "m1", final)
     assert ra["acceptance_by_position"] == rb["acceptance_by_position"] and ra["chains_by_position"][0] > 0
+    # the export check reads such a folder the same way
+    from edgespec.exporters.check import check_head_export
+    from edgespec.exporters.onnx_head import write_head_onnx
+
+    write_head_onnx(tmp / "m3", tmp / "m3.onnx", quant="fp32")
+    ca, cb = (check_head_export(tmp / "m3", tmp / "m3.onnx", f) for f in (feats3, final))
+    assert ca["compared"] == cb["compared"] > 0
+    assert (ca["top1_agreement"], ca["max_logit_error"]) == (cb["top1_agreement"], cb["max_logit_error"])
 
 
 def test_the_exported_file_reads_back_as_the_trained_head(tiny3):

@@ -193,6 +193,14 @@ def test_wrong_head_or_features_are_clear_errors(tiny3, tmp_path):
                         "--out", str(tmp / "m.gguf")], capture_output=True, text=True)
     assert r.returncode == 2 and "not an EAGLE-3 head" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp / "m.gguf").exists()
+    # and the other way: edgespec's own formats refuse an EAGLE-3 head, naming its exports
+    train(str(path), feats3, tmp / "e3", small_cfg(arch="eagle3", steps=2), log=lambda m: None)
+    for kind in ("gguf", "onnx"):
+        out = tmp / f"e3.{kind}"
+        r = subprocess.run([sys.executable, "-m", "edgespec", "export", kind, str(tmp / "e3"),
+                            "--out", str(out)], capture_output=True, text=True)
+        assert r.returncode == 2 and "is an EAGLE-3 head" in r.stderr and "export llama-cpp" in r.stderr
+        assert "Traceback" not in r.stderr and not out.exists()
 
 
 def test_an_mtp_head_on_layer_features_reads_the_final_state_alone(tiny3):

@@ -31,8 +31,9 @@ done_ "$out/data" || $es data --target $target --out "$out/data" --prompts site-
     --new-tokens 0 --text-tokens 256 --n-prompts "$n" --seed 3
 done_ "$out/feat" || $es extract --target $target --data "$out/data" --out "$out/feat" \
     --dtype int4 --n-batch 256 --layers eagle3
+mkdir -p "$out/$steps"  # heads by step budget: another STEPS never reuses (or extends) these
 for r in $rows; do
-  d="$out/$r"
+  d="$out/$steps/$r"
   # shellcheck disable=SC2086  # the extra flags are meant to split
   $es train --target $target --features "$out/feat" --out "$d" --steps "$steps" --seed 0 \
       --resume ${extra[$r]}  # a finished head is left as it is (a later --seed wins)
@@ -46,8 +47,8 @@ out, steps, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 feat = json.load(open(f"{out}/feat/manifest.json"))
 rows = {}
 for r in names:
-    c = json.load(open(f"{out}/{r}/config.json"))
-    t, e = c["train"], json.load(open(f"{out}/{r}.eval.json"))
+    c = json.load(open(f"{out}/{steps}/{r}/config.json"))
+    t, e = c["train"], json.load(open(f"{out}/{steps}/{r}.eval.json"))
     rows[r] = {"arch": t["arch"], "draft_vocab": c["draft_vocab"]["size"],
                "draft_vocab_coverage": c["draft_vocab"]["coverage"],
                "trainable_parameters": t.get("trainable_parameters"),

@@ -19,10 +19,10 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as Q
 
 from edgespec.errors import EdgespecError
-from edgespec.exporters import require_mtp_head
 from edgespec.io import atomic_write
 from edgespec.runtime.formats import (DRAFT_IDS, GGUF_ARCH, GGUF_DRAFT_VOCAB, GGUF_FINGERPRINT,
-                                      GGUF_HEAD_CONFIG, GGUF_TARGET, GGUF_TRAIN_META, read_checkpoint)
+                                      GGUF_HEAD_CONFIG, GGUF_TARGET, GGUF_TRAIN_META, read_checkpoint,
+                                      require_mtp_head)
 
 ARCH = GGUF_ARCH
 QUANTS = {"f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}
@@ -37,7 +37,7 @@ def write_head_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0",
     if quant not in QUANTS:
         raise EdgespecError(f"unknown --quant {quant} for GGUF; choose from {', '.join(QUANTS)}")
     meta, weights = read_checkpoint(ckpt)
-    require_mtp_head(meta["head"], ckpt, "gguf")
+    require_mtp_head(meta["head"], ckpt, " (`export gguf` writes edgespec's MTP head)")
     c = meta["head"]
     qt = QUANTS[quant]
     keep_q8 = KEEP_Q8 if keep_q8 is None else keep_q8

@@ -25,11 +25,10 @@ import warnings
 from pathlib import Path
 
 from edgespec.errors import EdgespecError
-from edgespec.exporters import require_mtp_head
 from edgespec.io import atomic_write
 from edgespec.runtime.formats import (ONNX_DRAFT_VOCAB, ONNX_FINGERPRINT, ONNX_FORMAT,
                                       ONNX_HEAD_CONFIG, ONNX_HEAD_FORMAT, ONNX_QUANT, ONNX_TARGET,
-                                      cache_names)
+                                      cache_names, require_mtp_head)
 
 QUANTS = ("fp32", "int8", "int4")
 OPSET = 17
@@ -194,7 +193,7 @@ def write_head_onnx(ckpt: str | Path, out: str | Path, quant: str = "int8") -> d
     if quant not in QUANTS:
         raise EdgespecError(f"unknown --quant {quant} for ONNX; choose from {', '.join(QUANTS)}")
     head, meta = load_checkpoint(ckpt)
-    require_mtp_head(meta["head"], ckpt, "onnx")
+    require_mtp_head(meta["head"], ckpt, " (`export onnx` writes edgespec's MTP head)")
     c = head.c
     step = _graph_module(head)
     ins, outs = io_names(c.n_layer)

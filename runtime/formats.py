@@ -234,11 +234,17 @@ def read_checkpoint(ckpt: str | Path) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, weights
 
 
+def require_mtp_head(head_config: dict, ckpt: str | Path, asked: str = "") -> None:
+    """Where edgespec's own MTP head is needed, an EAGLE-3 checkpoint is a clear error naming
+    the exports it has (`asked`: what was asked of it, for the message)."""
+    if head_arch(head_config) == "eagle3":
+        raise EdgespecError(f"{ckpt} is an EAGLE-3 head{asked}: export it for llama.cpp with "
+                            "`edgespec export llama-cpp` (or for vLLM with `edgespec export speculators`)")
+
+
 def read_checkpoint_head(ckpt: str | Path) -> HeadFile:
     meta, w = read_checkpoint(ckpt)
-    if head_arch(meta["head"]) == "eagle3":
-        raise EdgespecError(f"{ckpt} is an EAGLE-3 head: export it for llama.cpp with "
-                            "`edgespec export llama-cpp`")
+    require_mtp_head(meta["head"], ckpt)
     ids = w.pop(DRAFT_IDS).astype(np.int64)
     config = HeadConfig.from_dict(meta["head"])
     check_head_weights(ckpt, config, w, ids)

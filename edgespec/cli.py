@@ -9,6 +9,7 @@ import sys
 
 from edgespec import __version__
 from edgespec.errors import EdgespecError, one_line
+from edgespec.io import int_at_least
 
 
 def _cmd_info(args) -> int:
@@ -26,15 +27,20 @@ def _cmd_info(args) -> int:
     return 0
 
 
+def _args_info(s) -> None:
+    s.add_argument("target", help="gemma3-270m, smollm2-135m, or a path to a .gguf file")
+    s.add_argument("--json", action="store_true", help="print the spec as JSON")
+
+
 def _cmd_generate(args) -> int:
     from edgespec.runtime.generate import generate
+    from edgespec.runtime.spec import SpecConfig
 
     stream = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     res = generate(args.target, args.prompt, max_tokens=args.max_tokens,
                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, stop=args.stop, n_ctx=args.n_ctx, n_threads=args.threads,
-                   draft=args.draft, k=args.k, policy=args.policy, lm_head=args.lm_head,
-                   compare=args.compare, on_text=stream)
+                   spec=SpecConfig.from_args(args), compare=args.compare, on_text=stream)
     if args.json:
         print(json.dumps(res.to_dict()))
         return 0
@@ -51,6 +57,25 @@ def _cmd_generate(args) -> int:
     return 0
 
 
+def _args_generate(s) -> None:
+    from edgespec.runtime.spec import add_spec_args
+
+    s.add_argument("--target", required=True, help="gemma3-270m, smollm2-135m, or a .gguf path")
+    s.add_argument("--prompt", required=True)
+    s.add_argument("--max-tokens", type=_positive_int, default=128)
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    s.add_argument("--top-k", type=int, default=0)
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    s.add_argument("--n-ctx", type=_positive_int, default=4096)
+    s.add_argument("--threads", type=_positive_int, default=None)
+    add_spec_args(s, draft="none")
+    s.add_argument("--compare", action="store_true",
+                   help="also run target-only on the same prompt and report the speedup")
+    s.add_argument("--json", action="store_true", help="print one JSON object at the end")
+
+
 def _cmd_data(args) -> int:
     from edgespec.training.data import DataConfig, make_data
 
@@ -60,6 +85,27 @@ def _cmd_data(args) -> int:
     m = make_data(args.target, args.prompts, args.out, cfg, parallel=args.parallel)
     print(json.dumps({k: m[k] for k in ("samples", "tokens", "target")}))
     return 0
+
+
+def _args_data(s) -> None:
+    s.add_argument("--target", required=True)
+    s.add_argument("--prompts", nargs="*", default=["stdlib"],
+                   help="prompt sources: .jsonl (field 'prompt'), .txt, 'stdlib' (default) or "
+                        "'site-packages'")
+    s.add_argument("--out", required=True)
+    s.add_argument("--n-prompts", type=_positive_int, default=400)
+    s.add_argument("--prompt-tokens", type=_positive_int, default=48)
+    s.add_argument("--new-tokens", type=_nonneg_int, default=128,
+                   help="tokens the target writes per prompt; 0: the text alone (--text-tokens)")
+    s.add_argument("--text-tokens", type=_positive_int, default=512,
+                   help="with --new-tokens 0: tokens of each passage kept")
+    s.add_argument("--sample-share", type=float, default=0.5)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--parallel", type=_positive_int, default=1,
+                   help="continuations written at once, one batched llama.cpp decode per step")
+    s.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+    s.add_argument("--shard-size", type=_positive_int, default=50,
+                   help="samples per shard file (a killed run resumes after the last one)")
 
 
 def _cmd_extract(args) -> int:
@@ -75,6 +121,23 @@ def _cmd_extract(args) -> int:
     print(json.dumps({k: m[k] for k in ("tokens", "dtype", "group_size", "bytes",
                                         "bytes_per_token", "tokens_per_s")}))
     return 0
+
+
+def _args_extract(s) -> None:
+    s.add_argument("--target", required=True)
+    s.add_argument("--data", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--dtype", default="int4", help="fp16, int8 or int4 (default)")
+    s.add_argument("--group-size", type=_positive_int, default=32)
+    s.add_argument("--transform", default="dct", choices=["dct", "none"],
+                   help="int8/int4: channel scales + DCT before quantizing (default dct)")
+    s.add_argument("--shard-samples", type=_positive_int, default=100,
+                   help="samples per shard file (a killed run resumes after the last one)")
+    s.add_argument("--n-batch", type=_positive_int, default=256,
+                   help="tokens per llama.cpp decode (default 256)")
+    s.add_argument("--layers", default=None,
+                   help="also store these layers' inputs, for --arch eagle3 heads: A,B,C or "
+                        "'eagle3' (layers 2, n/2 and n-3)")
 
 
 def _cmd_train(args) -> int:
@@ -112,6 +175,47 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _args_train(s) -> None:
+    s.add_argument("--target", required=True)
+    s.add_argument("--features", default=None, nargs="+",
+                   help="hidden states stored by `edgespec extract` (several folders: read as one, "
+                        "repeated samples trained on once)")
+    s.add_argument("--online", action="store_true",
+                   help="run the target during training instead (nothing stored on disk); needs --data")
+    s.add_argument("--data", default=None, help="--online: the output of `edgespec data`")
+    s.add_argument("--online-cache-mb", type=int, default=1024,
+                   help="--online: RAM kept for hidden states already computed (0 = none)")
+    s.add_argument("--out", required=True)
+    s.add_argument("--optimizer", default="muon", choices=["adamw", "muon"])
+    s.add_argument("--steps", type=_positive_int, default=800)
+    s.add_argument("--batch", type=_positive_int, default=4)
+    s.add_argument("--unroll", type=_positive_int, default=4, help="draft steps unrolled")
+    s.add_argument("--seq-len", type=_positive_int, default=None, help="positions per training window (96)")
+    s.add_argument("--draft-vocab", type=_positive_int, default=4096)
+    s.add_argument("--max-train-tokens", type=_positive_int, default=None,
+                   help="train on a fixed random subset of the training samples this many tokens "
+                        "large (data-scaling curves); default all")
+    s.add_argument("--lr", type=float, default=2e-3)
+    s.add_argument("--topk-weight", type=float, default=0.0,
+                   help="add this times the cross-entropy on the target's --topk most likely "
+                        "draft tokens to the forward KL (ranking-aware, HASS-style; 0: KL alone)")
+    s.add_argument("--topk", type=_positive_int, default=10)
+    s.add_argument("--layer-types", default=None, help="mtp: e.g. sliding,global")
+    s.add_argument("--arch", default="mtp", choices=["mtp", "eagle3"],
+                   help="mtp: edgespec's head (default); eagle3: llama.cpp's EAGLE-3 graph, on "
+                        "features extracted with --layers (export it with `export llama-cpp`)")
+    s.add_argument("--layers", default=None,
+                   help="--online --arch eagle3: the target layers read (default 'eagle3')")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--save-every", type=_positive_int, default=250,
+                   help="steps between checkpoints (a killed run resumes from the last one)")
+    s.add_argument("--resume", action="store_true")
+    s.add_argument("--init-from", default=None, metavar="CKPT",
+                   help="start from this checkpoint's weights and draft vocabulary (continued "
+                        "training: new optimizer state and schedule over --steps)")
+
+
 def _cmd_eval_head(args) -> int:
     from edgespec.training.train import eval_head
 
@@ -129,32 +233,59 @@ def _cmd_eval_head(args) -> int:
     return 0
 
 
+def _args_eval_head(s) -> None:
+    s.add_argument("ckpt")
+    s.add_argument("--features", default=None, help="held-out hidden states stored by `extract`")
+    s.add_argument("--data", default=None, help="or a data folder: the target runs on its held-out samples")
+    s.add_argument("--max-chain", type=_positive_int, default=8)
+    s.add_argument("--start-from", type=int, default=0, help="count chain starts from this position on")
+    s.add_argument("--json", action="store_true")
+
+
 def _cmd_serve(args) -> int:
     if args.max_queue < 0:
         raise EdgespecError(f"--max-queue must be >= 0, got {args.max_queue}")
     try:
         from edgespec.runtime.server import serve
+        from edgespec.runtime.spec import SpecConfig
         import fastapi, uvicorn  # noqa: F401  (the `serve` extra)
     except ImportError:
         raise EdgespecError("the server needs its extra: pip install 'edgespec[serve]'") from None
     print(f"edgespec serve: http://{args.host}:{args.port}/ (chat page), /v1/ (OpenAI API)",
           file=sys.stderr)
-    serve(args.target, draft=args.draft, host=args.host, port=args.port, n_ctx=args.n_ctx,
-          threads=args.threads, api_key=args.api_key, max_queue=args.max_queue, lm_head=args.lm_head,
-          parallel=args.parallel)
+    serve(args.target, SpecConfig.from_args(args), host=args.host, port=args.port, n_ctx=args.n_ctx,
+          threads=args.threads, api_key=args.api_key, max_queue=args.max_queue, parallel=args.parallel)
     return 0
+
+
+def _args_serve(s) -> None:
+    from edgespec.runtime.spec import add_spec_args
+
+    s.add_argument("--target", required=True)
+    add_spec_args(s, draft="default")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=_positive_int, default=8080)
+    s.add_argument("--n-ctx", type=_positive_int, default=4096, help="context per slot")
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/")
+    s.add_argument("--max-queue", type=int, default=8,
+                   help="requests that may wait while every slot is busy; more get 503")
+    s.add_argument("--parallel", type=_positive_int, default=1,
+                   help="slots: requests generating at once in one cache, their drafts verified "
+                        "in one batched decode per step (GGUF targets)")
 
 
 def _cmd_chat(args) -> int:
     from edgespec.runtime.chat import ChatSession
     from edgespec.runtime.drafters import make_drafter
-    from edgespec.runtime.generate import lm_head_for, open_target
+    from edgespec.runtime.generate import open_target
+    from edgespec.runtime.spec import SpecConfig
 
+    spec = SpecConfig.from_args(args)
     engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads,
-                         lm_head=lm_head_for(args.lm_head, args.temperature == 0))
-    session = ChatSession(engine, make_drafter(args.draft, engine.spec), policy=args.policy,
-                          k=args.k, max_tokens=args.max_tokens, temperature=args.temperature,
-                          seed=args.seed)
+                         lm_head=spec.engine_lm_head(args.temperature == 0))
+    session = ChatSession(engine, make_drafter(spec.draft, engine.spec), spec,
+                          max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     mode = "chat template" if engine.spec.chat_template else "plain continuation (base model)"
     print(f"edgespec chat: {engine.spec.name}, {mode}, draft: {args.draft}. "
           "Commands: /reset /stats /quit; Ctrl-C stops a reply.", file=sys.stderr)
@@ -190,18 +321,34 @@ def _cmd_chat(args) -> int:
     return 0
 
 
+def _args_chat(s) -> None:
+    from edgespec.runtime.spec import add_spec_args
+
+    s.add_argument("--target", required=True)
+    add_spec_args(s, draft="lookup")
+    s.add_argument("--max-tokens", type=_positive_int, default=256)
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--n-ctx", type=_positive_int, default=4096)
+    s.add_argument("--threads", type=_positive_int, default=None)
+
+
 def _cmd_bench(args) -> int:
     from edgespec.measure import bench as b
     from edgespec.prompts import DEFAULT_PROMPTS, read_prompts
 
     prompts = read_prompts(args.prompts or DEFAULT_PROMPTS)
+    if args.workload:
+        return _bench_workload(args, prompts)
+    if not args.target:
+        raise EdgespecError("bench needs --target (or --workload)")
     if args.limit:
         prompts = prompts[: args.limit]
     methods = b.parse_methods(args.methods, args.draft or ["default"], args.k, args.policy)
     device = None
     threads = args.threads
     if args.device:
-        from edgespec.measure.devices import apply_profile
+        from edgespec.devices import apply_profile
 
         device, threads = apply_profile(args.device, threads)
     if args.json:
@@ -218,6 +365,66 @@ def _cmd_bench(args) -> int:
     if args.plot:
         b.plot(report, args.plot)
     return 0
+
+
+def _bench_workload(args, prompts: list[dict]) -> int:
+    """`bench --workload NAME`: the drop-in against llama_cpp.Llama, each row an app's call."""
+    from edgespec.measure import bench as b
+    from edgespec.measure.workload import bench_workload, format_workload
+
+    if args.json:
+        b.ensure_new(args.json)
+    if args.limit:  # per kind: each row runs the prompts of its own kinds
+        by_kind: dict[str, list[dict]] = {}
+        for p in prompts:
+            by_kind.setdefault(p.get("kind"), []).append(p)
+        prompts = [p for ps in by_kind.values() for p in ps[:args.limit]]
+    draft = (args.draft or ["default"])[0]
+    report = bench_workload(args.workload, prompts, max_tokens=args.max_new_tokens,
+                            threads=args.threads, draft=draft)
+    print(format_workload(report))
+    if args.json:
+        b.write_report(report, args.json)
+        print(f"report written to {args.json}", file=sys.stderr)
+    return 0
+
+
+def _args_bench(s) -> None:
+    from edgespec.runtime.spec import add_spec_args
+
+    s.add_argument("--target", default=None, help="the target (not needed with --workload)")
+    s.add_argument("--workload", default=None, choices=["defaults"],
+                   help="instead of methods: the drop-in against llama_cpp.Llama, each row one "
+                        "app call with llama-cpp-python's defaults (Gemma completions at T=0 and "
+                        "at the defaults, SmolLM2 chat at the defaults and at T=0.8)")
+    add_spec_args(s, many_drafts=True)
+    s.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: shipped set)")
+    s.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    s.add_argument("--methods", default="target,lookup,lookup:fixed,edgespec",
+                   help="comma list of target, lookup, edgespec; a :POLICY suffix sets that "
+                        "entry's draft-length policy (otherwise --policy, for lookup too)")
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--limit", type=_positive_int, default=None, help="use the first N prompts (with --workload: of each kind)")
+    s.add_argument("--device", default=None, help="apply a device profile (see `edgespec devices`)")
+    s.add_argument("--json", default=None, help="write the full report here")
+    s.add_argument("--plot", default=None, help="draw tokens/s and acceptance to this PNG")
+    s.add_argument("--baseline", default=None,
+                   help="a file of the same target (e.g. the shipped GGUF) decoded target-only "
+                        "with llama.cpp's full LM head in the same run; speedups against it are "
+                        "reported too")
+    s.add_argument("--peers", nargs="+", choices=["llama-server"], default=None,
+                   help="add stock llama.cpp rows: llama-server's plain decoding and its own "
+                        "speculation (ngram-simple, ngram-mod, ngram-map-k) on the same prompts; "
+                        "needs `make llama-tools`")
+    s.add_argument("--peer-eagle3", default=None, metavar="GGUF",
+                   help="with --peers llama-server: also run llama-server --spec-type "
+                        "draft-eagle3 with this EAGLE-3 head (`edgespec export llama-cpp`)")
+    s.add_argument("--background-load", type=int, default=0, metavar="N",
+                   help="run N CPU-hogging processes during the timed runs (after the warm-up)")
+    s.add_argument("--no-memory", action="store_true",
+                   help="skip the peak-memory measurement (a fresh process per configuration)")
 
 
 def _cmd_bench_serve(args) -> int:
@@ -257,6 +464,24 @@ def _cmd_bench_serve(args) -> int:
     return 0
 
 
+def _args_bench_serve(s) -> None:
+    s.add_argument("--target", required=True)
+    s.add_argument("--clients", default="1,2,4,8")
+    s.add_argument("--servers", default="edgespec,edgespec:none,llama-server,llama-server:ngram-mod",
+                   help="comma-separated: edgespec, edgespec:none, llama-server, "
+                        "llama-server:ngram-simple|ngram-mod|ngram-map-k")
+    s.add_argument("--requests-per-client", type=_positive_int, default=2,
+                   help="requests each client sends in turn, per round")
+    s.add_argument("--rounds", type=_positive_int, default=2,
+                   help="passes over every client count, the servers' order reversed each time")
+    s.add_argument("--max-tokens", type=_positive_int, default=64)
+    s.add_argument("--n-ctx", type=_positive_int, default=2048, help="context per sequence")
+    s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--prompts", default=None)
+    s.add_argument("--json", default=None)
+    s.add_argument("--plot", default=None, help="PNG: total tok/s and TTFT against clients")
+
+
 def _cmd_build_llama_lib(args) -> int:
     from edgespec.llama_lib import build
 
@@ -265,8 +490,12 @@ def _cmd_build_llama_lib(args) -> int:
     return 0
 
 
+def _args_build_llama_lib(s) -> None:
+    pass
+
+
 def _cmd_devices(args) -> int:
-    from edgespec.measure.devices import load_profiles
+    from edgespec.devices import load_profiles
 
     profiles = load_profiles()
     if args.json:
@@ -280,8 +509,12 @@ def _cmd_devices(args) -> int:
     return 0
 
 
+def _args_devices(s) -> None:
+    s.add_argument("--json", action="store_true")
+
+
 def _cmd_plan(args) -> int:
-    from edgespec.measure.devices import plan_target
+    from edgespec.devices import plan_target
 
     r = plan_target(args.device, args.target, draft=args.draft, context=args.context,
                     mean_accepted=args.mean_accepted, bench=args.bench, draft_len=args.k)
@@ -298,6 +531,18 @@ def _cmd_plan(args) -> int:
                  f"{r['mean_accepted']:.2f} tokens per pass, k={r['draft_len']})")
     print(line + f"  [estimate: {r['bandwidth_efficiency']:.0%} of theoretical bandwidth]")
     return 0
+
+
+def _args_plan(s) -> None:
+    s.add_argument("--device", required=True)
+    s.add_argument("--target", required=True)
+    s.add_argument("--draft", default=None,
+                   help="'default' (the shipped head), a head .onnx/.gguf file or checkpoint folder")
+    s.add_argument("--context", type=_positive_int, default=4096)
+    s.add_argument("--mean-accepted", type=float, default=None, help="tokens per verify pass")
+    s.add_argument("--bench", default=None, help="take mean accepted from a bench JSON")
+    s.add_argument("-k", "--k", type=_positive_int, default=4)
+    s.add_argument("--json", action="store_true")
 
 
 def _cmd_export(args) -> int:
@@ -359,159 +604,7 @@ def _cmd_export(args) -> int:
     return 0
 
 
-K_HELP = ("most tokens drafted per step (default: the engine's: 3 on llama.cpp with its full LM "
-          "head (and for sampling), where checking k tokens costs nearly k decodes; 6 with the "
-          "low-rank LM head (greedy) and on onnxruntime, where it costs far less)")
-LM_HEAD_HELP = ("llama.cpp targets, greedy decoding: auto (default: the low-rank LM head where a "
-                "basis ships for the target, else full), full (llama.cpp's own), lowrank, or a "
-                "basis file made by `edgespec export lowrank-basis`")
-
-
-def _int_at_least(v: str, low: int) -> int:
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{v}'") from None
-    if n < low:
-        raise argparse.ArgumentTypeError(f"expected a number >= {low}, got {n}")
-    return n
-
-
-def _positive_int(v: str) -> int:
-    return _int_at_least(v, 1)
-
-
-def _nonneg_int(v: str) -> int:
-    return _int_at_least(v, 0)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit 2, like every other bad input
-        print(f"edgespec: error: {message} (see: {self.prog} --help)", file=sys.stderr)
-        sys.exit(2)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="edgespec", description="Speculative decoding for CPUs and phones.")
-    p.add_argument("--version", action="version", version=f"edgespec {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    s = sub.add_parser("info", help="show a target's spec read from its GGUF metadata")
-    s.add_argument("target", help="gemma3-270m, smollm2-135m, or a path to a .gguf file")
-    s.add_argument("--json", action="store_true", help="print the spec as JSON")
-    s.set_defaults(func=_cmd_info)
-
-    s = sub.add_parser("generate", help="generate text from a prompt, streaming")
-    s.add_argument("--target", required=True, help="gemma3-270m, smollm2-135m, or a .gguf path")
-    s.add_argument("--prompt", required=True)
-    s.add_argument("--max-tokens", type=_positive_int, default=128)
-    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    s.add_argument("--top-k", type=int, default=0)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    s.add_argument("--n-ctx", type=_positive_int, default=4096)
-    s.add_argument("--threads", type=_positive_int, default=None)
-    s.add_argument("--draft", default="none",
-                   help="none, lookup, default (shipped head + lookup), a head file/folder, head:default, head:PATH")
-    s.add_argument("-k", "--k", type=_positive_int, default=None, help=K_HELP)
-    s.add_argument("--policy", default="cost", choices=["fixed", "confidence", "cost"],
-                   help="draft length policy")
-    s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
-    s.add_argument("--compare", action="store_true",
-                   help="also run target-only on the same prompt and report the speedup")
-    s.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    s.set_defaults(func=_cmd_generate)
-
-    s = sub.add_parser("chat", help="interactive streaming chat in the terminal")
-    s.add_argument("--target", required=True)
-    s.add_argument("--draft", default="lookup",
-                   help="none, lookup (default), default (shipped head + lookup), a head path, head:PATH")
-    s.add_argument("--policy", default="cost", choices=["fixed", "confidence", "cost"])
-    s.add_argument("-k", "--k", type=_positive_int, default=None, help=K_HELP)
-    s.add_argument("--max-tokens", type=_positive_int, default=256)
-    s.add_argument("--temperature", type=float, default=0.0)
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--n-ctx", type=_positive_int, default=4096)
-    s.add_argument("--threads", type=_positive_int, default=None)
-    s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
-    s.set_defaults(func=_cmd_chat)
-
-    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with a chat page")
-    s.add_argument("--target", required=True)
-    s.add_argument("--draft", default="default",
-                   help="default (shipped head + lookup), none, lookup, a head path, head:PATH")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=_positive_int, default=8080)
-    s.add_argument("--n-ctx", type=_positive_int, default=4096, help="context per slot")
-    s.add_argument("--threads", type=_positive_int, default=None)
-    s.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1/")
-    s.add_argument("--max-queue", type=int, default=8,
-                   help="requests that may wait while every slot is busy; more get 503")
-    s.add_argument("--parallel", type=_positive_int, default=1,
-                   help="slots: requests generating at once in one cache, their drafts verified "
-                        "in one batched decode per step (GGUF targets)")
-    s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
-    s.set_defaults(func=_cmd_serve)
-
-    s = sub.add_parser("bench-serve", help="servers under 1, 2, 4, ... concurrent clients: "
-                                           "edgespec serve and stock llama-server")
-    s.add_argument("--target", required=True)
-    s.add_argument("--clients", default="1,2,4,8")
-    s.add_argument("--servers", default="edgespec,edgespec:none,llama-server,llama-server:ngram-mod",
-                   help="comma-separated: edgespec, edgespec:none, llama-server, "
-                        "llama-server:ngram-simple|ngram-mod|ngram-map-k")
-    s.add_argument("--requests-per-client", type=_positive_int, default=2,
-                   help="requests each client sends in turn, per round")
-    s.add_argument("--rounds", type=_positive_int, default=2,
-                   help="passes over every client count, the servers' order reversed each time")
-    s.add_argument("--max-tokens", type=_positive_int, default=64)
-    s.add_argument("--n-ctx", type=_positive_int, default=2048, help="context per sequence")
-    s.add_argument("--threads", type=_positive_int, default=None)
-    s.add_argument("--prompts", default=None)
-    s.add_argument("--json", default=None)
-    s.add_argument("--plot", default=None, help="PNG: total tok/s and TTFT against clients")
-    s.set_defaults(func=_cmd_bench_serve)
-
-    s = sub.add_parser("bench", help="tokens/s and acceptance: target-only vs lookup vs heads")
-    s.add_argument("--target", required=True)
-    s.add_argument("--draft", action="append", default=None,
-                   help="default, a head file/folder, head:default or head:PATH for the head alone (repeat to compare)")
-    s.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: shipped set)")
-    s.add_argument("--max-new-tokens", type=_positive_int, default=128)
-    s.add_argument("--methods", default="target,lookup,lookup:fixed,edgespec",
-                   help="comma list of target, lookup, edgespec; a :POLICY suffix sets that "
-                        "entry's draft-length policy (otherwise --policy, for lookup too)")
-    s.add_argument("--policy", default="cost", help="draft length policy: cost (default), fixed, confidence")
-    s.add_argument("-k", "--k", type=_positive_int, default=None, help=K_HELP)
-    s.add_argument("--threads", type=_positive_int, default=None)
-    s.add_argument("--temperature", type=float, default=0.0)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--limit", type=_positive_int, default=None, help="use the first N prompts")
-    s.add_argument("--device", default=None, help="apply a device profile (see `edgespec devices`)")
-    s.add_argument("--json", default=None, help="write the full report here")
-    s.add_argument("--plot", default=None, help="draw tokens/s and acceptance to this PNG")
-    s.add_argument("--baseline", default=None,
-                   help="a file of the same target (e.g. the shipped GGUF) decoded target-only "
-                        "with llama.cpp's full LM head in the same run; speedups against it are "
-                        "reported too")
-    s.add_argument("--lm-head", default="auto", help=LM_HEAD_HELP)
-    s.add_argument("--peers", nargs="+", choices=["llama-server"], default=None,
-                   help="add stock llama.cpp rows: llama-server's plain decoding and its own "
-                        "speculation (ngram-simple, ngram-mod, ngram-map-k) on the same prompts; "
-                        "needs `make llama-tools`")
-    s.add_argument("--peer-eagle3", default=None, metavar="GGUF",
-                   help="with --peers llama-server: also run llama-server --spec-type "
-                        "draft-eagle3 with this EAGLE-3 head (`edgespec export llama-cpp`)")
-    s.add_argument("--background-load", type=int, default=0, metavar="N",
-                   help="run N CPU-hogging processes during the timed runs (after the warm-up)")
-    s.add_argument("--no-memory", action="store_true",
-                   help="skip the peak-memory measurement (a fresh process per configuration)")
-    s.set_defaults(func=_cmd_bench)
-
-    s = sub.add_parser("export", help="export a head (gguf, onnx; an EAGLE-3 head for stock "
-                       "llama.cpp: llama-cpp, for vLLM: speculators), a verify-friendly target "
-                       "(target, onnx-target) or a low-rank LM head basis (lowrank-basis)")
+def _args_export(s) -> None:
     s.add_argument("kind", choices=["gguf", "onnx", "llama-cpp", "speculators", "target",
                                     "onnx-target", "lowrank-basis"])
     s.add_argument("source", help="head checkpoint folder, or a target for `target`")
@@ -539,115 +632,54 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--features", default=None, help="recorded inputs for --check")
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--json", action="store_true")
-    s.set_defaults(func=_cmd_export)
 
-    s = sub.add_parser("build-llama-lib", help="build llama.cpp's batch-invariant library once "
-                       "(bit-exact speculative greedy decoding); prints its folder")
-    s.set_defaults(func=_cmd_build_llama_lib)
 
-    s = sub.add_parser("devices", help="list the device profiles")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=_cmd_devices)
+def _positive_int(v: str) -> int:
+    return int_at_least(v, 1)
 
-    s = sub.add_parser("plan", help="memory fit and speed estimate for a device")
-    s.add_argument("--device", required=True)
-    s.add_argument("--target", required=True)
-    s.add_argument("--draft", default=None,
-                   help="'default' (the shipped head), a head .onnx/.gguf file or checkpoint folder")
-    s.add_argument("--context", type=_positive_int, default=4096)
-    s.add_argument("--mean-accepted", type=float, default=None, help="tokens per verify pass")
-    s.add_argument("--bench", default=None, help="take mean accepted from a bench JSON")
-    s.add_argument("-k", "--k", type=_positive_int, default=4)
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=_cmd_plan)
 
-    s = sub.add_parser("data", help="have the target write training text from prompt sources")
-    s.add_argument("--target", required=True)
-    s.add_argument("--prompts", nargs="*", default=["stdlib"],
-                   help="prompt sources: .jsonl (field 'prompt'), .txt, 'stdlib' (default) or "
-                        "'site-packages'")
-    s.add_argument("--out", required=True)
-    s.add_argument("--n-prompts", type=_positive_int, default=400)
-    s.add_argument("--prompt-tokens", type=_positive_int, default=48)
-    s.add_argument("--new-tokens", type=_nonneg_int, default=128,
-                   help="tokens the target writes per prompt; 0: the text alone (--text-tokens)")
-    s.add_argument("--text-tokens", type=_positive_int, default=512,
-                   help="with --new-tokens 0: tokens of each passage kept")
-    s.add_argument("--sample-share", type=float, default=0.5)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--parallel", type=_positive_int, default=1,
-                   help="continuations written at once, one batched llama.cpp decode per step")
-    s.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
-    s.add_argument("--shard-size", type=_positive_int, default=50,
-                   help="samples per shard file (a killed run resumes after the last one)")
-    s.set_defaults(func=_cmd_data)
+def _nonneg_int(v: str) -> int:
+    return int_at_least(v, 0)
 
-    s = sub.add_parser("extract", help="store the target's hidden states for the data")
-    s.add_argument("--target", required=True)
-    s.add_argument("--data", required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--dtype", default="int4", help="fp16, int8 or int4 (default)")
-    s.add_argument("--group-size", type=_positive_int, default=32)
-    s.add_argument("--transform", default="dct", choices=["dct", "none"],
-                   help="int8/int4: channel scales + DCT before quantizing (default dct)")
-    s.add_argument("--shard-samples", type=_positive_int, default=100,
-                   help="samples per shard file (a killed run resumes after the last one)")
-    s.add_argument("--n-batch", type=_positive_int, default=256,
-                   help="tokens per llama.cpp decode (default 256)")
-    s.add_argument("--layers", default=None,
-                   help="also store these layers' inputs, for --arch eagle3 heads: A,B,C or "
-                        "'eagle3' (layers 2, n/2 and n-3)")
-    s.set_defaults(func=_cmd_extract)
 
-    s = sub.add_parser("train", help="train a draft head (MTP or EAGLE-3) on stored hidden states")
-    s.add_argument("--target", required=True)
-    s.add_argument("--features", default=None, nargs="+",
-                   help="hidden states stored by `edgespec extract` (several folders: read as one, "
-                        "repeated samples trained on once)")
-    s.add_argument("--online", action="store_true",
-                   help="run the target during training instead (nothing stored on disk); needs --data")
-    s.add_argument("--data", default=None, help="--online: the output of `edgespec data`")
-    s.add_argument("--online-cache-mb", type=int, default=1024,
-                   help="--online: RAM kept for hidden states already computed (0 = none)")
-    s.add_argument("--out", required=True)
-    s.add_argument("--optimizer", default="muon", choices=["adamw", "muon"])
-    s.add_argument("--steps", type=_positive_int, default=800)
-    s.add_argument("--batch", type=_positive_int, default=4)
-    s.add_argument("--unroll", type=_positive_int, default=4, help="draft steps unrolled")
-    s.add_argument("--seq-len", type=_positive_int, default=None, help="positions per training window (96)")
-    s.add_argument("--draft-vocab", type=_positive_int, default=4096)
-    s.add_argument("--max-train-tokens", type=_positive_int, default=None,
-                   help="train on a fixed random subset of the training samples this many tokens "
-                        "large (data-scaling curves); default all")
-    s.add_argument("--lr", type=float, default=2e-3)
-    s.add_argument("--topk-weight", type=float, default=0.0,
-                   help="add this times the cross-entropy on the target's --topk most likely "
-                        "draft tokens to the forward KL (ranking-aware, HASS-style; 0: KL alone)")
-    s.add_argument("--topk", type=_positive_int, default=10)
-    s.add_argument("--layer-types", default=None, help="mtp: e.g. sliding,global")
-    s.add_argument("--arch", default="mtp", choices=["mtp", "eagle3"],
-                   help="mtp: edgespec's head (default); eagle3: llama.cpp's EAGLE-3 graph, on "
-                        "features extracted with --layers (export it with `export llama-cpp`)")
-    s.add_argument("--layers", default=None,
-                   help="--online --arch eagle3: the target layers read (default 'eagle3')")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--threads", type=_positive_int, default=None)
-    s.add_argument("--save-every", type=_positive_int, default=250,
-                   help="steps between checkpoints (a killed run resumes from the last one)")
-    s.add_argument("--resume", action="store_true")
-    s.add_argument("--init-from", default=None, metavar="CKPT",
-                   help="start from this checkpoint's weights and draft vocabulary (continued "
-                        "training: new optimizer state and schedule over --steps)")
-    s.set_defaults(func=_cmd_train)
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, like every other bad input
+        print(f"edgespec: error: {message} (see: {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
 
-    s = sub.add_parser("eval-head", help="offline acceptance of a head on held-out features")
-    s.add_argument("ckpt")
-    s.add_argument("--features", default=None, help="held-out hidden states stored by `extract`")
-    s.add_argument("--data", default=None, help="or a data folder: the target runs on its held-out samples")
-    s.add_argument("--max-chain", type=_positive_int, default=8)
-    s.add_argument("--start-from", type=int, default=0, help="count chain starts from this position on")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=_cmd_eval_head)
+
+COMMANDS = [  # (name, help, arguments, handler), in the order `--help` lists them
+    ("info", "show a target's spec read from its GGUF metadata", _args_info, _cmd_info),
+    ("generate", "generate text from a prompt, streaming", _args_generate, _cmd_generate),
+    ("chat", "interactive streaming chat in the terminal", _args_chat, _cmd_chat),
+    ("serve", "an OpenAI-compatible HTTP server with a chat page", _args_serve, _cmd_serve),
+    ("bench-serve", "servers under 1, 2, 4, ... concurrent clients: edgespec serve and stock "
+     "llama-server", _args_bench_serve, _cmd_bench_serve),
+    ("bench", "tokens/s and acceptance: target-only vs lookup vs heads", _args_bench, _cmd_bench),
+    ("export", "export a head (gguf, onnx; an EAGLE-3 head for stock llama.cpp: llama-cpp, for "
+     "vLLM: speculators), a verify-friendly target (target, onnx-target) or a low-rank LM head "
+     "basis (lowrank-basis)", _args_export, _cmd_export),
+    ("build-llama-lib", "build llama.cpp's batch-invariant library once (bit-exact speculative "
+     "greedy decoding); prints its folder", _args_build_llama_lib, _cmd_build_llama_lib),
+    ("devices", "list the device profiles", _args_devices, _cmd_devices),
+    ("plan", "memory fit and speed estimate for a device", _args_plan, _cmd_plan),
+    ("data", "have the target write training text from prompt sources", _args_data, _cmd_data),
+    ("extract", "store the target's hidden states for the data", _args_extract, _cmd_extract),
+    ("train", "train a draft head (MTP or EAGLE-3) on stored hidden states", _args_train,
+     _cmd_train),
+    ("eval-head", "offline acceptance of a head on held-out features", _args_eval_head,
+     _cmd_eval_head),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="edgespec", description="Speculative decoding for CPUs and phones.")
+    p.add_argument("--version", action="version", version=f"edgespec {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, text, add_args, handler in COMMANDS:
+        s = sub.add_parser(name, help=text)
+        add_args(s)
+        s.set_defaults(func=handler)
     return p
 
 

@@ -111,3 +111,16 @@ def read_prompt_lines(path: str | Path, nonempty: bool = False) -> list[tuple[in
             raise EdgespecError(f"{path}:{i}: each line needs {need}")
         out.append((i, obj))
     return out
+
+
+def int_at_least(v: str, low: int) -> int:
+    """A command-line whole number >= low (argparse's type check: a one-line usage error)."""
+    import argparse
+
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{v}'") from None
+    if n < low:
+        raise argparse.ArgumentTypeError(f"expected a number >= {low}, got {n}")
+    return n

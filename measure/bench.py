@@ -110,11 +110,11 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     end of the timed runs (the cost policy must adapt within the run). `peers`: ("llama-server",)
     adds stock llama-server's plain decoding and its own speculation on the same prompt tokens
     (see `measure.peers`), one round before the interleaved runs and one after."""
-    from edgespec.runtime.decoding import FixedK, Generation
+    from edgespec.runtime.decoding import Generation
     from edgespec.runtime.drafters import make_drafter
-    from edgespec.runtime.generate import lm_head_for, open_target
-    from edgespec.runtime.policies import default_k, make_policy
+    from edgespec.runtime.generate import open_target
     from edgespec.runtime.sampling import SamplingParams
+    from edgespec.runtime.spec import SpecConfig
 
     sp = SamplingParams(temperature=temperature, seed=seed)
     unknown = [p for p in peers if p != "llama-server"]
@@ -141,13 +141,13 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         from edgespec.measure.peers import find_tool
 
         find_tool("llama-server")  # before anything runs
-    lm_head = lm_head_for(lm_head, sp.greedy)
+    lm_head = SpecConfig(lm_head=lm_head).engine_lm_head(sp.greedy)
     engine = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head=lm_head)
     if peers and engine.engine != "llama.cpp":
         raise EdgespecError("--peers llama-server needs a GGUF target (this one runs on onnxruntime)")
     for m in methods:
-        if m.k is None:
-            m.k = default_k(engine, sp.greedy)
+        if m.kind != "target":
+            m.k = SpecConfig(k=m.k, policy=m.policy).draft_k(engine, sp.greedy)
     drafters = {m.name: make_drafter(m.draft_name, engine.spec) for m in methods if m.kind != "target"}
     engines = {"main": engine}
     if engine.engine == "llama.cpp" and engine.lowrank and sp.greedy:
@@ -164,7 +164,7 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     def run(m: Method, ids: list[int]):
         d = drafters.get(m.name)
         eng = engines[m.engine]
-        policy = make_policy(m.policy, m.k, eng, greedy=sp.greedy) if d else FixedK(0)
+        policy = SpecConfig(k=m.k, policy=m.policy).make_policy(eng, sp.greedy, drafting=d is not None)
         g = Generation(eng, ids, sp, max_tokens=max_new_tokens, drafter=d, policy=policy)
         for _ in g:
             pass
@@ -416,6 +416,9 @@ def summarize(results: dict[str, MethodResult], greedy: bool) -> dict:
             agg["by_kind"][kind] = {"prompts": len(sel), "tokens_per_s": ka["tokens_per_s"],
                                     "speedup": med, "speedup_total": tot,
                                     "mean_accepted": ka["mean_accepted"]}
+        # the raw figures every ratio above comes from, so a reader can recompute them
+        agg["per_prompt"] = [{"kind": str(r["labels"].get("kind", "all")), "tokens": r["tokens"],
+                              "decode_s": round(r["decode_s"], 6)} for r in rows]
         methods[name] = agg
     return {"methods": methods}
 

@@ -43,10 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=16)
     a = p.parse_args(argv)
     from edgespec.runtime.generate import generate
+    from edgespec.runtime.spec import SpecConfig
 
     try:
         generate(a.target, PROMPT, max_tokens=a.tokens, n_ctx=a.n_ctx, n_threads=a.threads,
-                 draft=a.draft, lm_head=a.lm_head, policy="fixed")
+                 spec=SpecConfig(draft=a.draft, lm_head=a.lm_head, policy="fixed"))
     except EdgespecError as e:
         print(f"edgespec: error: {e}", file=sys.stderr)
         return 2

@@ -31,8 +31,9 @@ from edgespec.runtime.decoding import Generation, common_prefix
 from edgespec.runtime.drafters import make_drafter
 from edgespec.runtime.generate import open_target
 from edgespec.runtime.grammar import Grammar
-from edgespec.runtime.policies import make_policy
-from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.engine import Engine
+from edgespec.runtime.sampling import SamplingParams, log_softmax
+from edgespec.runtime.spec import SpecConfig
 
 
 class SpeculativeLlama:
@@ -46,12 +47,13 @@ class SpeculativeLlama:
         are accepted; edgespec runs the model on the CPU with its own settings. `flash_attn`
         as llama_cpp.Llama (off by default): the same attention gives the same numbers; None
         lets llama.cpp choose (the server's setting)."""
-        self.engine = model_path if hasattr(model_path, "decode") else open_target(
+        self.spec = SpecConfig(draft=draft, k=k, policy=policy, lm_head=lm_head)
+        self.engine = model_path if isinstance(model_path, Engine) else open_target(
             model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head,
             flash_attn=flash_attn)
         self.model_path = str(self.engine.model_file if self.engine is model_path else model_path)
         self.drafter = make_drafter(draft, self.engine.spec)
-        self.k, self.policy, self.seed = k, policy, seed
+        self.seed = seed
         self.last_n_tokens_size = last_n_tokens_size
         self.verbose = verbose
         self.last_stats: dict = {}
@@ -84,14 +86,12 @@ class SpeculativeLlama:
         self.seed = seed
 
     def token_nl(self) -> int:
-        nl = getattr(self.engine, "token_nl", None)
-        return nl() if nl else self.engine.tokenize("\n", add_bos=False, special=False)[-1]
+        return self.engine.token_nl()
 
     @property
     def metadata(self) -> dict[str, str]:
         """The model file's metadata, key -> value as text (llama.cpp's reading)."""
-        meta = getattr(self.engine, "metadata", None)
-        return meta() if callable(meta) else {}
+        return self.engine.metadata()
 
     @property
     def n_tokens(self) -> int:
@@ -115,9 +115,7 @@ class SpeculativeLlama:
 
     @staticmethod
     def logits_to_logprobs(logits, axis: int = -1) -> np.ndarray:
-        x = np.asarray(logits, dtype=np.float32)
-        m = x.max(axis=axis, keepdims=True)
-        return x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+        return log_softmax(logits, axis, dtype=np.float32)
 
     def generate(self, tokens, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0,
@@ -168,7 +166,7 @@ class SpeculativeLlama:
                             penalty_last_n=self.last_n_tokens_size,
                             logits_processor=list(logits_processor) if logits_processor else None,
                             **sampling)
-        policy = make_policy(self.policy, self.k if self.drafter else 0, self.engine, greedy=sp.greedy)
+        policy = self.spec.make_policy(self.engine, sp.greedy, drafting=self.drafter is not None)
         return Generation(self.engine, ids, sp, max_tokens=max_tokens, drafter=self.drafter,
                           policy=policy, stop=stop, logprobs=logprobs, grammar=grammar,
                           stopping=_criteria(stopping_criteria))

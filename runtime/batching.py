@@ -26,7 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.policies import CostAware, VerifyCost, cost_key, ema_into, measure_verify_cost
+from edgespec.runtime.engine import Engine
+from edgespec.runtime.policies import (CostAware, PolicyStore, VerifyCost, cost_key, ema_into,
+                                       measure_verify_cost)
 
 
 @dataclass
@@ -57,8 +59,8 @@ class Batcher:
     def __init__(self, engine, n_slots: int, max_wait: float = 0.05):
         if n_slots < 1:
             raise EdgespecError(f"--parallel must be >= 1, got {n_slots}")
-        if getattr(engine, "n_seq", 1) < n_slots:
-            raise EdgespecError(f"the engine holds {getattr(engine, 'n_seq', 1)} sequences, "
+        if engine.n_seq < n_slots:
+            raise EdgespecError(f"the engine holds {engine.n_seq} sequences, "
                                 f"not {n_slots}")
         self.engine, self.n_slots, self.max_wait = engine, n_slots, max_wait
         self.n_ctx = engine.n_ctx // n_slots  # each slot's share of the cells
@@ -246,18 +248,28 @@ class _SlotCostView:
 
 class SlotCostAware(CostAware):
     """The cost policy of one slot: maximise the tokens per second of the whole batch, this
-    slot's draft length given the others' (see the module doc)."""
+    slot's draft length given the others' (see the module doc). `cost`: the batch cost curve
+    (`Batcher.prepare_cost`), handed in."""
 
-    def __init__(self, batcher: Batcher, seq: int, k: int, greedy: bool):
-        self.view = _SlotCostView(batcher.prepare_cost(k, greedy, seq), k)
-        key = f"{cost_key(batcher.slot(seq), greedy)}|{'greedy' if greedy else 'sampled'}"
-        super().__init__(k, self.view, acceptance_key=key)
+    def __init__(self, batcher: Batcher, seq: int, k: int, cost: VerifyCost,
+                 state: dict | None = None, store: PolicyStore | None = None):
+        self.view = _SlotCostView(cost, k)
+        super().__init__(k, self.view, state=state, store=store)
         self.batcher, self.seq = batcher, seq
+        self._see_others()
 
-    def next_k(self) -> int:
+    def _see_others(self) -> None:
+        """The other requests' rows and tokens per pass, as the batcher last saw them."""
         rows, made = self.batcher.others(self.seq)
         self.view.offset, self.others = rows, made
-        return super().next_k()
+
+    def limit(self, source: str) -> int:
+        self._see_others()
+        return super().limit(source)
+
+    def trim(self, draft) -> int:
+        self._see_others()
+        return super().trim(draft)
 
     def update(self, drafted: int, accepted: int, source: str = "") -> None:
         super().update(drafted, accepted, source)
@@ -274,7 +286,7 @@ class SlotCostAware(CostAware):
         self.batcher.note_draft(source, seconds, steps)
 
 
-class SlotTarget:
+class SlotTarget(Engine):
     """One slot of a Batcher: the Target protocol over sequence `seq` of the shared engine."""
 
     def __init__(self, batcher: Batcher, seq: int):
@@ -288,7 +300,7 @@ class SlotTarget:
         self.tokens: list[int] = []
         self._lead = 0  # prompt tokens at the end of `tokens` not decoded yet
         self.feature_layers: tuple[int, ...] = ()
-        head = getattr(eng, "lowrank_head", None)
+        head = eng.lowrank_head
         # this slot's exact-logit rows (one reused buffer each: valid until its next decode)
         self._top = None
         if head is not None:
@@ -310,8 +322,7 @@ class SlotTarget:
         return self.engine_.describe_lm_head(greedy)
 
     def hidden_free(self, top_only: bool) -> bool:
-        free = getattr(self.engine_, "hidden_free", None)
-        return bool(free and free(top_only))
+        return self.engine_.hidden_free(top_only)
 
     def set_feature_layers(self, layers: tuple[int, ...] = ()) -> None:
         if tuple(layers):
@@ -319,7 +330,9 @@ class SlotTarget:
                                 "request at a time; serve them with --parallel 1")
 
     def cost_policy(self, k: int, greedy: bool) -> SlotCostAware:
-        return SlotCostAware(self.batcher, self.seq, k, greedy)
+        cost = self.batcher.prepare_cost(k, greedy, self.seq)
+        store = PolicyStore(f"{cost_key(self, greedy)}|{'greedy' if greedy else 'sampled'}")
+        return SlotCostAware(self.batcher, self.seq, k, cost, state=store.load(), store=store)
 
     # -- the cache ---------------------------------------------------------------------------
     # Prompt tokens are not decoded when prefilled: the last `_lead` of `tokens` wait, and go

@@ -31,11 +31,13 @@ class ChatSession:
     transcript and stop at the next "User:" line.
     """
 
-    def __init__(self, engine, drafter=None, policy: str = "cost", k: int = 3,
-                 max_tokens: int = 256, temperature: float = 0.0, seed: int | None = None):
+    def __init__(self, engine, drafter=None, spec=None, max_tokens: int = 256,
+                 temperature: float = 0.0, seed: int | None = None):
+        """spec: a SpecConfig (draft length, policy; its drafter is `drafter`, made by the caller)."""
         from edgespec.runtime.sampling import SamplingParams
+        from edgespec.runtime.spec import SpecConfig
 
-        self.engine, self.drafter, self.policy_name, self.k = engine, drafter, policy, k
+        self.engine, self.drafter, self.spec = engine, drafter, spec or SpecConfig()
         self.max_tokens = max_tokens
         self.sampling = SamplingParams(temperature=temperature, seed=seed)
         self.messages: list[dict] = []
@@ -52,7 +54,6 @@ class ChatSession:
         """Add a user turn and stream the answer; returns the Generation (its stats filled in).
         A KeyboardInterrupt stops the reply early and keeps what was said so far."""
         from edgespec.runtime.decoding import Generation
-        from edgespec.runtime.policies import make_policy
 
         if not text.strip():
             raise EdgespecError("empty message")
@@ -62,8 +63,8 @@ class ChatSession:
             self.messages.pop()
             raise EdgespecError("the conversation no longer fits the context; /reset to start over")
         stop = None if self.engine.spec.chat_template else ["\nUser:"]
-        policy = make_policy(self.policy_name, self.k if self.drafter else 0, self.engine,
-                             greedy=self.sampling.greedy)
+        policy = self.spec.make_policy(self.engine, self.sampling.greedy,
+                                       drafting=self.drafter is not None)
         gen = Generation(self.engine, ids, self.sampling, max_tokens=self.max_tokens,
                          drafter=self.drafter, policy=policy, stop=stop)
         try:

@@ -17,12 +17,13 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 from edgespec.runtime.assets import default_head
-from edgespec.runtime.decoding import Draft, Limit
+from edgespec.runtime.decoding import Draft, Drafter, Limit
 from edgespec.runtime.heads import load_head
+from edgespec.runtime.sampling import draw, softmax
 from edgespec.targets import embedding_rows
 
 
-class PromptLookup:
+class PromptLookup(Drafter):
     """N-gram lookup in the context (as llama.cpp's lookup decoding): find the latest earlier
     occurrence of the context's last n tokens (n from max_ngram down to min_ngram) and propose
     the tokens that followed it.
@@ -96,7 +97,7 @@ def single_thread_blas() -> None:
     threadpool_limits(1, user_api="blas")
 
 
-class HeadDrafter:
+class HeadDrafter(Drafter):
     """Drafts with a trained MTP head next to its target: greedy chain, confidence stop.
 
     Rows that arrive while the head is not drafting wait; when it next drafts it reads at most
@@ -184,11 +185,8 @@ class HeadDrafter:
         for j in range(k):
             lg = h.last_logits
             if self.temperature:
-                z = (lg.astype(np.float64) - float(lg.max())) / self.temperature
-                pr = np.exp(z)
-                pr /= pr.sum()
-                best = int(min(np.searchsorted(np.cumsum(pr), self._rng.random(), side="right"),
-                               len(pr) - 1))
+                pr = softmax(lg, self.temperature)
+                best = draw(pr, self._rng)
                 top = float(pr.max())
             else:
                 best = int(np.argmax(lg))
@@ -212,7 +210,7 @@ class HeadDrafter:
         return Draft(drafts, q=qs, conf=conf, source=self.source, step_s=self._one_row_s)
 
 
-class MixedDrafter:
+class MixedDrafter(Drafter):
     """Prompt lookup where the context repeats itself, the head everywhere else, and a one-token
     lookup match where the policy holds the head back.
 
@@ -234,7 +232,7 @@ class MixedDrafter:
         self.single = PromptLookup(max_ngram=1, min_ngram=1) if min_match > 1 else None
         self.name = f"{head.name}+lookup"
         self.source = head.source  # the head's: the decode loop reads hidden states for it
-        self.feature_layers = getattr(head, "feature_layers", ())
+        self.feature_layers = head.feature_layers
 
     def reset(self) -> None:
         self.head.reset()

@@ -10,8 +10,9 @@ from edgespec.errors import EdgespecError
 from edgespec.io import utf8
 from edgespec.runtime.decoding import Generation, Stats, Target
 from edgespec.runtime.drafters import make_drafter
-from edgespec.runtime.policies import make_policy
+from edgespec.runtime.engine import Engine
 from edgespec.runtime.sampling import SamplingParams
+from edgespec.runtime.spec import SpecConfig
 
 
 @dataclass
@@ -59,35 +60,29 @@ def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch
                        flash_attn=flash_attn)
 
 
-def lm_head_for(lm_head: str, greedy: bool) -> str:
-    """Sampling reads every logit, so "auto" opens sampling engines with the full LM head (and
-    without the eval callback that the low-rank head needs on every decode)."""
-    return "full" if lm_head == "auto" and not greedy else lm_head
-
-
 def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int | None = None, stop: list[str] | None = None, n_ctx: int = 4096,
-             n_threads: int | None = None, draft: str | None = None, k: int | None = None,
-             policy: str = "cost", lm_head: str = "auto", compare: bool = False,
+             n_threads: int | None = None, spec: SpecConfig | None = None, compare: bool = False,
              on_text: Callable[[str], None] | None = None) -> Result:
     """Generate a continuation of `prompt`; `on_text` receives each text piece as it streams.
 
-    target: a name, GGUF path or ONNX target folder (opened here with `lm_head`), or an open
-    engine. draft: see `make_drafter`. k: the most tokens drafted per step (None: the engine's
-    default). compare: also decode the prompt target-only and report the speedup.
+    target: a name, GGUF path or ONNX target folder (opened here with the spec's LM head), or
+    an open engine. spec: the drafter, draft length, policy and LM head (default: no drafter).
+    compare: also decode the prompt target-only and report the speedup.
     """
+    spec = spec or SpecConfig(draft=None)
     if not prompt or not prompt.strip():
         raise EdgespecError("empty prompt: give some text with --prompt")
     utf8(prompt, "prompt")  # before anything loads
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    engine = target if hasattr(target, "decode") else open_target(
-        target, n_ctx=n_ctx, n_threads=n_threads, lm_head=lm_head_for(lm_head, sampling.greedy))
-    drafter = make_drafter(draft, engine.spec)
+    engine = target if isinstance(target, Engine) else open_target(
+        target, n_ctx=n_ctx, n_threads=n_threads, lm_head=spec.engine_lm_head(sampling.greedy))
+    drafter = make_drafter(spec.draft, engine.spec)
     ids = engine.tokenize(prompt)
 
     def run(d) -> Generation:
-        pol = make_policy(policy, k if d else 0, engine, greedy=sampling.greedy)
+        pol = spec.make_policy(engine, sampling.greedy, drafting=d is not None)
         gen = Generation(engine, ids, sampling, max_tokens=max_tokens, drafter=d, policy=pol, stop=stop)
         for _, piece in gen:
             if on_text and piece and d is drafter:
@@ -95,7 +90,7 @@ def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,
         return gen
 
     gen = run(drafter)
-    res = Result(gen.text, gen.token_ids, gen.stats, drafter.name if drafter else "none", policy,
+    res = Result(gen.text, gen.token_ids, gen.stats, drafter.name if drafter else "none", spec.policy,
                  engine.describe_lm_head(sampling.greedy))
     if compare and drafter:
         base = run(None)

@@ -33,6 +33,7 @@ from edgespec.cache import file_identity, put_json, read_json
 from edgespec.errors import EdgespecError, one_line
 from edgespec.io import utf8
 from edgespec.runtime.assets import shipped_basis
+from edgespec.runtime.engine import Engine
 from edgespec.runtime.lowrank import LowRankHead, LowRankInfo, read_basis
 from edgespec.targets import TargetSpec, load_target_spec
 
@@ -174,7 +175,7 @@ def load_vocab_only(spec: TargetSpec):
     return model, lc.llama_model_get_vocab(model)
 
 
-class LlamaTarget(LlamaVocab):
+class LlamaTarget(LlamaVocab, Engine):
     """A target model on llama.cpp with an explicit, roll-back-able KV cache."""
 
     engine = "llama.cpp"

@@ -18,6 +18,7 @@ import onnxruntime as ort
 
 from edgespec.errors import EdgespecError
 from edgespec.gguf_meta import TensorRows, read_header
+from edgespec.runtime.engine import Engine
 from edgespec.runtime.formats import cache_names, kept_positions, read_target_meta
 from edgespec.runtime.llama_target import LlamaVocab, default_threads, lc, load_vocab_only
 from edgespec.runtime.lowrank import LowRankInfo, TopRows
@@ -25,7 +26,7 @@ from edgespec.runtime.onnx_session import open_session
 from edgespec.targets import embedding_rows, load_target_spec
 
 
-class OrtTarget(LlamaVocab):
+class OrtTarget(LlamaVocab, Engine):
     engine = "onnxruntime"
     version = ort.__version__
     # Default for the most tokens drafted per step: checking more tokens costs little more here

@@ -1,4 +1,5 @@
-"""Draft-length policies: how many drafted tokens go into each verify pass.
+"""Draft-length policies (DraftPlanner and its variants): how many drafted tokens go into each
+verify pass.
 
 fixed       always k drafts.
 confidence  draft up to k, stop once the head's top probability falls below p_min (llama.cpp's
@@ -8,7 +9,9 @@ cost        draft up to k, then keep the prefix length that maximises expected t
             confidences and c(n) is the target's cost of verifying n tokens on this machine,
             learned online from the decode loop's own timings (`VerifyCost`), starting from a
             stored curve (keyed by CPU model, threads, engine and version, target file content
-            and LM head) or, the first time, a short measurement.
+            and LM head) or, the first time, a short measurement. The curve and the learned
+            acceptance are handed to the policy by `make_policy` (its constructor does no I/O);
+            `PolicyStore` keeps them for the next generation.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import functools
 import statistics
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,46 +37,59 @@ def ema_into(table: dict, key, x: float, ema: float) -> None:
     table[key] = x if old is None else old + ema * (x - old)
 
 
-class FixedK:
+@dataclass
+class Step:
+    """What one decode step tells the policy: the draft it asked for and how it fared."""
+
+    source: str  # the draft's source ("lookup", "head", ...; "" for unnamed drafters)
+    made: int  # draft tokens computed
+    drafted: int  # of those, sent to verification (after trimming)
+    accepted: int
+    draft_s: float  # seconds of drafting, as the policy should count them
+    rows: int  # tokens in the verify pass (1 + drafted)
+    verify_s: float
+
+
+class DraftPlanner:
+    """How long each draft may be. The decode loop asks a planner three things each step:
+    `limit` (how many tokens may this source draft; the drafter asks before drafting), `trim`
+    (how much of the draft to verify) and `observe` (how the step went); `soon` tells it whether
+    hidden states are worth reading, `finish` that a generation ended. The defaults are the
+    fixed policy's: up to k drafts, always."""
+
     name = "fixed"
 
     def __init__(self, k: int):
         if k < 0:
             raise EdgespecError(f"draft length must be >= 0, got {k}")
-        self.k = k
-        self.p_min = 0.0
-
-    def next_k(self) -> int:
-        """The most drafts any source may make this pass."""
-        return self.k
+        self.k = k  # the most drafts any source may make in one step
+        self.p_min = 0.0  # drafters with confidences stop below this top probability
 
     def limit(self, source: str) -> int:
         """The most drafts `source` should make this pass (asked before drafting: a draft
         step not worth verifying is not worth computing)."""
         return self.k
 
+    def trim(self, draft) -> int:
+        return len(draft.tokens)
+
+    def observe(self, step: Step) -> None:
+        pass
+
     def soon(self, source: str, passes: int) -> bool:
         """Whether `source` may draft within the next `passes` passes (a drafter that reads
         the target's hidden states needs them only then)."""
         return self.k > 0
 
-    def trim(self, draft) -> int:
-        return len(draft.tokens)
-
-    def update(self, drafted: int, accepted: int, source: str = "") -> None:
-        pass
-
-    def observe_draft_time(self, seconds: float, steps: int, source: str = "") -> None:
-        pass
-
-    def observe_verify(self, n: int, seconds: float) -> None:
-        """The decode loop's timing of one verify pass over n tokens."""
-
     def finish(self) -> None:
         """A generation ended."""
 
 
-class Confidence(FixedK):
+class FixedK(DraftPlanner):
+    """Always up to k drafts."""
+
+
+class Confidence(DraftPlanner):
     name = "confidence"
 
     def __init__(self, k: int, p_min: float = 0.4):
@@ -241,7 +258,7 @@ def store_verify_cost(key: str, curve: list[float]) -> None:
     cache.put_json(COST_FILE, key, curve)  # a read-only cache only costs a re-measure
 
 
-class CostAware(FixedK):
+class CostAware(DraftPlanner):
     """Pick each source's draft length before drafting from running per-position acceptance
     estimates, then trim the drafted chain with the head's own confidences; both maximise
     expected tokens per second. Estimates start optimistic (prior 0.8) so a fresh generation
@@ -266,7 +283,11 @@ class CostAware(FixedK):
 
     def __init__(self, k: int, verify_cost: list[float] | VerifyCost, draft_step_s: float = 0.002,
                  prior: float = 0.8, ema: float = 0.2, probe_every: int = 16,
-                 max_probe_every: int = 256, acceptance_key: str | None = None):
+                 max_probe_every: int = 256, state: dict | None = None,
+                 store: PolicyStore | None = None):
+        """verify_cost: c(1..k+1), a measured curve or a live one (`measure_verify_cost`).
+        state: what an earlier generation learned (`PolicyStore.load`); store: where `finish`
+        keeps what this one learned (None: nowhere)."""
         super().__init__(k)
         self.probe_every, self.max_probe_every = probe_every, max_probe_every
         self._every: dict[str, int] = {}  # per source, passes between tries
@@ -282,17 +303,16 @@ class CostAware(FixedK):
         # pass's rate is theirs plus this request's); 0 when this request decodes alone
         self.others = 0.0
         self.prior = prior
-        # per draft source, P(draft j accepted | drafts before it accepted); where a key is given,
-        # each generation starts from where the last one with that key ended
-        self.acceptance_key = acceptance_key
+        # per draft source, P(draft j accepted | drafts before it accepted); each generation
+        # starts from the `state` the last one with the same store left
+        self.store = store
         self.accs: dict[str, list[float]] = {}
         # per source, [accepted, drafted] per confidence bin; the confidences of each source's
         # last trimmed draft wait here for its verification
         self.calib: dict[str, list[list[float]]] = {}
         self._conf: dict[str, list[float]] = {}
         self._scored: set[str] = set()  # sources whose drafts carry confidences
-        stored = cache.read_json(ACCEPTANCE_FILE).get(acceptance_key) if acceptance_key else None
-        for source, entry in (stored.items() if isinstance(stored, dict) else ()):
+        for source, entry in (state.items() if isinstance(state, dict) else ()):
             self._restore(str(source), entry)
         self.ema = ema
 
@@ -452,6 +472,11 @@ class CostAware(FixedK):
         shorter = self.c[n - 1] + (n - 1) * step
         return expected * (longer / shorter - 1.0) / max(survive, 1e-9)
 
+    def observe(self, step: Step) -> None:
+        self.observe_draft_time(step.draft_s, step.made, step.source)
+        self.observe_verify(step.rows, step.verify_s)
+        self.update(step.drafted, step.accepted, step.source)
+
     def observe_draft_time(self, seconds: float, steps: int, source: str = "") -> None:
         """A draft of `steps` tokens from `source` took `seconds` (sources differ a lot: a
         prompt lookup costs microseconds, a head step milliseconds)."""
@@ -463,32 +488,44 @@ class CostAware(FixedK):
 
     def finish(self) -> None:
         """Keep what this generation learned (verify cost, acceptance) for the next one."""
-        if self.c.key:
-            store_verify_cost(self.c.key, self.c.learned())
-        if self.acceptance_key and self.accs:
-            cache.put_json(ACCEPTANCE_FILE, self.acceptance_key, {
-                s: {"acc": [round(a, 4) for a in acc], "every": self._every.get(s, self.probe_every),
+        if self.store is not None:
+            self.store.save(self)
+
+    def state(self) -> dict:
+        """What the next generation starts from (see `_restore`)."""
+        return {s: {"acc": [round(a, 4) for a in acc], "every": self._every.get(s, self.probe_every),
                     "wait": self._wait.get(s, 0),
                     **({"calib": [[round(a, 2), round(n, 2)] for a, n in self.calib[s]]}
-                       if s in self.calib else {})} for s, acc in self.accs.items()})
+                       if s in self.calib else {})} for s, acc in self.accs.items()}
+
+
+class PolicyStore:
+    """Where a cost policy's learned state lives between generations: edgespec's cache, under
+    one key per machine, engine, target file, LM head and decoding kind."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def load(self) -> dict | None:
+        return cache.read_json(ACCEPTANCE_FILE).get(self.key)
+
+    def save(self, policy: CostAware) -> None:
+        if policy.c.key:
+            store_verify_cost(policy.c.key, policy.c.learned())
+        if policy.accs:
+            cache.put_json(ACCEPTANCE_FILE, self.key, policy.state())
 
 
 def _bin(conf: float) -> int:
     return min(max(int(conf * CALIB_BINS), 0), CALIB_BINS - 1)
 
 
-def default_k(engine, greedy: bool = True) -> int:
-    """The engine's default for the most tokens drafted per step: `draft_k`, or for sampling
-    `draft_k_sampled` (its greedy verification can be cheaper)."""
-    return engine.draft_k if greedy else engine.draft_k_sampled
-
-
-def make_policy(name: str, k: int | None, engine=None, greedy: bool = True):
-    """k: the most tokens drafted per step; None takes `default_k`. greedy: the cost policy
-    measures verification as greedy decoding asks for it (low-rank LM head) or as sampling does."""
-    if k is None:
-        k = default_k(engine, greedy)
-    k = min(k, MAX_DRAFT)  # an absurd -k costs nothing: the cost curve is measured up to k + 1
+def make_policy(name: str, k: int, engine=None, greedy: bool = True):
+    """The draft-length policy `name` for up to k drafts per step (see `SpecConfig.draft_k`,
+    the one place that decides k). The cost policy gets its verify-cost curve (this process's
+    live one, the stored one, or a short measurement on `engine`) and the state the last
+    generation with the same key left, here, before it is built. greedy: verification as
+    greedy decoding asks for it (low-rank LM head) or as sampling does."""
     if name == "fixed":
         return FixedK(k)
     if name == "confidence":
@@ -496,8 +533,10 @@ def make_policy(name: str, k: int | None, engine=None, greedy: bool = True):
     if name == "cost":
         if engine is None:
             raise ValueError("the cost policy needs the target engine to measure verify cost")
-        if hasattr(engine, "cost_policy"):  # a slot of a batched engine (runtime/batching.py)
-            return engine.cost_policy(k, greedy)
+        own = engine.cost_policy(k, greedy)  # a slot of a batched engine (runtime/batching.py)
+        if own is not None:
+            return own
         cost = measure_verify_cost(engine, k + 1, top_only=greedy)
-        return CostAware(k, cost, acceptance_key=f"{cost.key}|{'greedy' if greedy else 'sampled'}")
+        store = PolicyStore(f"{cost.key}|{'greedy' if greedy else 'sampled'}")
+        return CostAware(k, cost, state=store.load(), store=store)
     raise EdgespecError(f"unknown draft policy '{name}'; choose from {', '.join(POLICIES)}")

@@ -117,6 +117,18 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
+def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """The distribution of logits at a temperature, float64."""
+    return _softmax(logits.astype(np.float64) / temperature)
+
+
+def log_softmax(logits: np.ndarray, axis: int = -1, dtype=np.float64) -> np.ndarray:
+    """Log-probabilities of logits along `axis` (float64 unless asked otherwise)."""
+    x = np.asarray(logits, dtype=dtype)
+    m = x.max(axis=axis, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+
+
 def _cut(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
     out = np.full_like(x, -np.inf)
     out[keep] = x[keep]

@@ -17,10 +17,12 @@ import asyncio
 import json
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from edgespec.errors import EdgespecError, one_line
 from edgespec.runtime.decoding import common_prefix
+from edgespec.runtime.spec import SpecConfig
 
 PAGE = Path(__file__).with_name("chat_page.html")
 
@@ -311,8 +313,7 @@ def _pump(chunks, put, stop: threading.Event, release) -> None:
         put(("end", None))
 
 
-def open_slots(target: str, draft: str | None, parallel: int, n_ctx: int, threads: int | None,
-               lm_head: str = "auto"):
+def open_slots(target: str, spec: SpecConfig, parallel: int, n_ctx: int, threads: int | None):
     """(one SpeculativeLlama per slot, the Batcher or None): `parallel` slots of n_ctx tokens
     each on one llama.cpp context, their batch costs known before the first request."""
     from edgespec.runtime.api import SpeculativeLlama
@@ -321,8 +322,8 @@ def open_slots(target: str, draft: str | None, parallel: int, n_ctx: int, thread
         raise EdgespecError(f"--parallel must be >= 1, got {parallel}")
     if parallel == 1:
         # llama.cpp chooses the attention kernel, as for the batched slots below
-        return [SpeculativeLlama(target, n_ctx=n_ctx, n_threads=threads, draft=draft,
-                                 lm_head=lm_head, flash_attn=None)], None
+        return [SpeculativeLlama(target, n_ctx=n_ctx, n_threads=threads, flash_attn=None,
+                                 **asdict(spec))], None
     from edgespec.runtime.batching import Batcher
     from edgespec.runtime.llama_target import LlamaTarget
 
@@ -330,25 +331,22 @@ def open_slots(target: str, draft: str | None, parallel: int, n_ctx: int, thread
         raise EdgespecError("--parallel > 1 runs GGUF targets on llama.cpp; serve an ONNX "
                             "target with --parallel 1")
     engine = LlamaTarget(target, n_ctx=n_ctx * parallel, n_threads=threads, n_seq=parallel,
-                         lm_head=lm_head)
+                         lm_head=spec.lm_head)
     batcher = Batcher(engine, parallel)
-    llms = [SpeculativeLlama(batcher.slot(i), draft=draft) for i in range(parallel)]
-    if llms[0].drafter is not None:
-        batcher.prepare_cost(engine.draft_k, greedy=True)
-        batcher.prepare_cost(engine.draft_k_sampled, greedy=False)
-    else:
-        batcher.prepare_cost(0, greedy=True)
-        batcher.prepare_cost(0, greedy=False)
+    llms = [SpeculativeLlama(batcher.slot(i), **asdict(spec)) for i in range(parallel)]
+    drafting = llms[0].drafter is not None
+    for greedy in (True, False):
+        batcher.prepare_cost(spec.draft_k(engine, greedy, drafting), greedy=greedy)
     return llms, batcher
 
 
-def serve(target: str, draft: str | None = "default", host: str = "127.0.0.1", port: int = 8080,
+def serve(target: str, spec: SpecConfig | None = None, host: str = "127.0.0.1", port: int = 8080,
           n_ctx: int = 4096, threads: int | None = None, api_key: str | None = None,
-          max_queue: int = 8, lm_head: str = "auto", parallel: int = 1) -> None:
+          max_queue: int = 8, parallel: int = 1) -> None:
     """Load the target and drafter, then serve until interrupted. n_ctx: per slot."""
     import uvicorn
 
-    llms, batcher = open_slots(target, draft, parallel, n_ctx, threads, lm_head)
+    llms, batcher = open_slots(target, spec or SpecConfig(), parallel, n_ctx, threads)
     app = make_app(llms, llms[0].engine.spec.name, api_key=api_key, max_queue=max_queue,
                    batcher=batcher)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -42,6 +42,7 @@ def measure(target: str, slots: int, n_prompts: int, max_tokens: int, drafts: li
     from edgespec.runtime.api import SpeculativeLlama
     from edgespec.runtime.llama_target import LlamaTarget
     from edgespec.runtime.server import open_slots
+    from edgespec.runtime.spec import SpecConfig
 
     ref = LlamaTarget(target, n_ctx=n_ctx, lm_head="full")
     prompts = prompt_ids(read_prompts(DEFAULT_PROMPTS)[:n_prompts], ref, max_tokens, n_ctx)
@@ -52,7 +53,7 @@ def measure(target: str, slots: int, n_prompts: int, max_tokens: int, drafts: li
         solo = SpeculativeLlama(target, n_ctx=n_ctx, draft=d)
         alone = [_greedy(solo, p, max_tokens) for p in prompts]
         solo.close()
-        llms, batcher = open_slots(target, d, slots, n_ctx, None)
+        llms, batcher = open_slots(target, SpecConfig(draft=d), slots, n_ctx, None)
         together: list[list[int] | None] = [None] * len(prompts)
         t0 = time.perf_counter()
         for g in range(0, len(prompts), slots):

@@ -11,12 +11,13 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from edgespec.runtime.decoding import Draft, Drafter
+from edgespec.runtime.engine import Engine
 
-class MockTarget:
+
+class MockTarget(Engine):
     engine, version = "mock", "0"
     n_threads = 1
-    draft_k = draft_k_sampled = 4
-    lowrank = None
     model_file = Path(__file__)
 
     def __init__(self, vocab: int = 12, seed: int = 0, n_ctx: int = 512, eog: int | None = None,
@@ -74,7 +75,7 @@ class MockTarget:
         pass
 
 
-class NoisyOracle:
+class NoisyOracle(Drafter):
     """A drafter that knows the target's greedy chain but errs with probability `err`."""
 
     needs_hidden = False
@@ -86,8 +87,6 @@ class NoisyOracle:
         pass
 
     def propose(self, context, hidden, k, p_min=0.0, limit=None):
-        from edgespec.runtime.decoding import Draft
-
         if limit:
             k = min(k, limit(""))
         ctx, out = list(context), []
@@ -100,7 +99,7 @@ class NoisyOracle:
         return Draft(out)
 
 
-class SamplingDrafter:
+class SamplingDrafter(Drafter):
     """Draws drafts from a fixed, wrong distribution q and reports q (for lossless sampling)."""
 
     needs_hidden = False
@@ -114,8 +113,6 @@ class SamplingDrafter:
         pass
 
     def propose(self, context, hidden, k, p_min=0.0, limit=None):
-        from edgespec.runtime.decoding import Draft
-
         if limit:
             k = min(k, limit(""))
         toks = [int(self.rng.choice(self.ids, p=self.q)) for _ in range(k)]

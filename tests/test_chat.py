@@ -4,6 +4,7 @@ next user turn, and the session's bookkeeping, on a scripted mock target."""
 import numpy as np
 
 from edgespec.runtime.chat import ChatSession, render_chat
+from edgespec.runtime.spec import SpecConfig
 from mock import MockTarget
 
 PIECES = [" Hi", " there", ".", "\n", "User", ":", " more"]
@@ -32,7 +33,7 @@ class Scripted(MockTarget):
 
 def test_base_model_transcript_stops_at_the_next_user_turn():
     t = Scripted()
-    s = ChatSession(t, policy="fixed", max_tokens=20)
+    s = ChatSession(t, spec=SpecConfig(policy="fixed"), max_tokens=20)
     assert s.prompt_text() == "\nAssistant:"  # empty history
     s.messages.append({"role": "user", "content": "Hello"})
     assert s.prompt_text() == "User: Hello\nAssistant:"

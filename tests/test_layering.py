@@ -60,3 +60,13 @@ def test_no_private_names_cross_modules():
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("edgespec"):
                     private = [a.name for a in node.names if a.name.startswith("_") and not a.name.endswith("__")]
                     assert not private, (path.name, node.module, private)
+
+
+def test_the_decode_loop_knows_no_engine():
+    """The loop and its parts (verifier, policies, the spec, the engine interface) see engines
+    only through runtime/engine.py: none imports llama.cpp, onnxruntime or an engine module."""
+    engines = ("llama_cpp", "onnxruntime", "edgespec.runtime.llama_target", "edgespec.runtime.ort_target",
+               "edgespec.runtime.batching")
+    for name in ("decoding", "verify", "policies", "spec", "engine"):
+        bad = [m for m in _imports(ROOT / "runtime" / f"{name}.py") if m.startswith(engines)]
+        assert not bad, (name, bad)

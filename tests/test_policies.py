@@ -3,7 +3,7 @@
 import pytest
 
 from edgespec.runtime.decoding import Draft
-from edgespec.runtime.policies import CostAware
+from edgespec.runtime.policies import CostAware, PolicyStore
 
 
 def test_cost_policy_drafts_when_verification_is_cheap_and_drafts_good():
@@ -60,17 +60,17 @@ def test_cost_policy_keeps_apart_estimates_per_draft_source():
     assert limits.count(0) == 30 and limits.count(3) == 2
 
 
-def test_make_policy_takes_the_engines_draft_length_when_none_is_given():
+def test_the_spec_takes_the_engines_draft_length_when_none_is_given():
     from types import SimpleNamespace
 
-    from edgespec.runtime.policies import make_policy
+    from edgespec.runtime.spec import SpecConfig
 
     # sampling verifies with the full LM head: an engine may default to fewer drafts there
     lowrank = SimpleNamespace(draft_k=6, draft_k_sampled=3)
-    assert make_policy("fixed", None, lowrank).next_k() == 6
-    assert make_policy("confidence", 2, lowrank).next_k() == 2
-    assert make_policy("fixed", None, lowrank, greedy=False).next_k() == 3
-    assert make_policy("fixed", None, lowrank, greedy=True).next_k() == 6
+    assert SpecConfig(policy="fixed").make_policy(lowrank, greedy=True).k == 6
+    assert SpecConfig(k=2, policy="confidence").make_policy(lowrank, greedy=True).k == 2
+    assert SpecConfig(policy="fixed").make_policy(lowrank, greedy=False).k == 3
+    assert SpecConfig(k=5).draft_k(lowrank, greedy=True, drafting=False) == 0  # no drafter
 
 
 def test_verify_cost_is_measured_and_cached_per_lm_head(tmp_path, monkeypatch):
@@ -148,7 +148,7 @@ def test_learned_curve_is_stored_as_the_next_prior(tmp_path, monkeypatch):
     from edgespec.runtime.policies import COST_FILE, CostAware, VerifyCost
 
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
-    p = CostAware(2, VerifyCost([0.01, 0.02, 0.03], key="k1"))
+    p = CostAware(2, VerifyCost([0.01, 0.02, 0.03], key="k1"), store=PolicyStore("k1|greedy"))
     for _ in range(5):
         p.observe_verify(2, 0.004)
     p.finish()
@@ -178,14 +178,16 @@ def test_acceptance_carries_over_between_generations(tmp_path, monkeypatch):
     the optimistic prior: drafts that never pay are not retried at every prompt."""
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
     costs = [0.010, 0.011, 0.012, 0.013]
-    first = CostAware(3, costs, draft_step_s=1e-4, acceptance_key="k|sampled")
+    store = PolicyStore("k|sampled")
+    first = CostAware(3, costs, draft_step_s=1e-4, state=store.load(), store=store)
     assert first.limit("head") == 3  # optimistic at first
     for _ in range(40):
         first.update(3, 0, "head")
     first.finish()
-    second = CostAware(3, costs, draft_step_s=1e-4, acceptance_key="k|sampled")
+    second = CostAware(3, costs, draft_step_s=1e-4, state=store.load())
     assert second.acc_for("head")[0] < 0.05 and second.limit("head") == 0
-    assert CostAware(3, costs, draft_step_s=1e-4, acceptance_key="other").limit("head") == 3
+    other = PolicyStore("other")
+    assert CostAware(3, costs, draft_step_s=1e-4, state=other.load()).limit("head") == 3
 
 
 def test_try_back_off_carries_over_between_generations(tmp_path, monkeypatch):
@@ -198,8 +200,9 @@ def test_try_back_off_carries_over_between_generations(tmp_path, monkeypatch):
     live = VerifyCost(costs)
 
     def generation(n_passes):
+        store = PolicyStore("k|sampled")
         p = CostAware(3, live, draft_step_s=0.002, prior=0.1, probe_every=4, max_probe_every=64,
-                      acceptance_key="k|sampled")
+                      state=store.load(), store=store)
         tries = 0
         for _ in range(n_passes):
             n = p.limit("head")
@@ -282,7 +285,8 @@ def test_the_policy_learns_what_a_drafters_confidence_is_worth():
     pays at these costs; after some verified drafts the policy keeps them. The learned table
     is kept with the acceptance estimates for the next generation."""
     costs = [0.010, 0.015, 0.020, 0.025]
-    p = CostAware(3, costs, draft_step_s=1e-3, acceptance_key="calib-test")
+    store = PolicyStore("calib-test")
+    p = CostAware(3, costs, draft_step_s=1e-3, state=store.load(), store=store)
     draft = Draft([5, 6, 7], conf=[0.3, 0.3, 0.3], source="head")
     assert p.trim(draft) == 0  # 1.3 tokens in 16 ms is slower than 1 in 10 ms
     import numpy as np
@@ -297,7 +301,7 @@ def test_the_policy_learns_what_a_drafters_confidence_is_worth():
     assert p.trim(draft) >= 2
     assert p.calibrated("head", [0.95])[0] == 0.95  # a bin no draft fell in keeps the prior
     p.finish()
-    again = CostAware(3, costs, draft_step_s=1e-3, acceptance_key="calib-test")
+    again = CostAware(3, costs, draft_step_s=1e-3, state=store.load())
     assert again.calibrated("head", [0.3]) == pytest.approx(p.calibrated("head", [0.3]), abs=0.01)
     assert CostAware(3, costs, draft_step_s=1e-3).trim(draft) == 0  # nothing learned: as before
 

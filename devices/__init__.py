@@ -15,7 +15,7 @@ from pathlib import Path
 
 from edgespec.errors import EdgespecError
 
-PROFILES = Path(__file__).resolve().parent / "devices"
+PROFILES = Path(__file__).resolve().parent
 REQUIRED = ("name", "title", "cores", "threads", "ram_gb", "app_memory_share",
             "memory_bandwidth_gbs", "isa", "target_quant", "head_quant",
             "onnx_execution_provider", "draft_min", "draft_max", "sources")

@@ -6,7 +6,7 @@ import pytest
 
 from edgespec.measure.bench import Method, MethodResult, parse_methods, summarize
 from edgespec.prompts import read_prompts
-from edgespec.measure.devices import get_profile, load_profiles, plan
+from edgespec.devices import get_profile, load_profiles, plan
 from edgespec.errors import EdgespecError
 
 
@@ -43,7 +43,7 @@ def test_plan_fit_and_speed():
 def test_plan_target_sizes_real_files(tmp_path):
     """`edgespec plan`'s sizing: a head file or checkpoint folder counts its bytes; a bench
     report without an edgespec row is a clear error, not a traceback."""
-    from edgespec.measure.devices import bench_mean_accepted, plan_target
+    from edgespec.devices import bench_mean_accepted, plan_target
     from test_targets import write_tiny_gguf
 
     target = write_tiny_gguf(tmp_path / "t.gguf", n_layer=6, window=8)
@@ -70,7 +70,7 @@ def test_plan_target_sizes_real_files(tmp_path):
 def test_apply_profile_pins_threads_and_affinity():
     import os
 
-    from edgespec.measure.devices import apply_profile
+    from edgespec.devices import apply_profile
 
     before = os.sched_getaffinity(0)
     try:

@@ -17,11 +17,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 # llama.cpp built once more, with the flags that make small batches give one-token numbers
-# (bit-exact speculative greedy decoding; edgespec/llama_lib.py), into edgespec's cache.
+# (bit-exact speculative greedy decoding; edgespec/llama_lib.py), into edgespec's cache. Opt-in:
+# `make test` builds it (the suite runs on it); the demo does not use it.
 llama-lib: $(STAMP)
 	$(BIN)/edgespec build-llama-lib >/dev/null
 
-setup: $(STAMP) llama-lib
+setup: $(STAMP)
 
 demo: setup
 	$(BIN)/edgespec generate --target gemma3-270m --draft default --compare --max-tokens 96 \
@@ -55,7 +56,7 @@ browser:
 
 # Everything: unit tests and the integration tests on the real Gemma 3 270M and SmolLM2, and the
 # tests that run the stock llama.cpp tools (built first, once).
-test: llama-tools browser speculators
+test: llama-lib llama-tools browser speculators
 	EDGESPEC_LLAMA_LIB=invariant EDGESPEC_LLAMA_TOOLS="$$(scripts/build_llama_tools.sh $(BIN)/python)" \
 	  EDGESPEC_SPECULATORS_PYTHON="$(CURDIR)/$(SPEC_VENV)/bin/python" $(BIN)/python -m pytest tests
 

@@ -8,7 +8,7 @@ batches: the engine checks, once per library and model, up to how many tokens on
 bit-identical logits (`LlamaTarget.invariant_batch`), and greedy decoding with the full LM head
 then verifies at most that many rows per pass, which makes its text equal plain decoding's.
 
-`edgespec build-llama-lib` (run by `make setup`) builds that library with pip from the
+`edgespec build-llama-lib` (run by `make llama-lib` and `make test`) builds that library with pip from the
 llama-cpp-python sdist of the installed version into the cache (`llama-lib/<version>-invariant`).
 It is opt-in: with `EDGESPEC_LLAMA_LIB=invariant`, importing edgespec points llama-cpp-python at
 it (its `LLAMA_CPP_LIB_PATH`) before llama_cpp loads, and fails where it was not built. Without

@@ -1,8 +1,9 @@
-"""Regenerate the README's Results block from the committed JSON in results/: every measured
-figure in README comes from here. Results files are append-only (a new run gets a new file).
+"""Regenerate the measured figures from the committed JSON in results/: the headline table of
+README.md and the Results block of results/README.md. Every measured figure in the docs comes
+from here. Results files are append-only (a new run gets a new file).
 
-Run: .venv/bin/python scripts/results_table.py          (rewrites the block between the markers)
-     .venv/bin/python scripts/results_table.py --check  (exit 1 if README is not what it writes)
+Run: .venv/bin/python scripts/results_table.py          (rewrites the blocks between the markers)
+     .venv/bin/python scripts/results_table.py --check  (exit 1 if a file is not what it writes)
 """
 
 import json
@@ -11,6 +12,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+HEAD_BEGIN, HEAD_END = "<!-- headline:begin -->", "<!-- headline:end -->"
+# the bench the README's headline quotes: the latest default-configuration run with stock
+# llama.cpp's own speculation in it
+HEADLINE = "bench-gemma3-270m-by-source-peers.json"
 
 
 def table(intro: str, header: list[str], rows: list[list]) -> str:
@@ -464,20 +469,60 @@ def render() -> str:
     return BEGIN + "\n" + "\n\n".join(parts) + "\n" + END
 
 
+def headline_table(path: Path) -> str:
+    """README's headline: plain llama.cpp, stock llama.cpp's fastest speculation, prompt lookup
+    and edgespec's default, from one interleaved bench run."""
+    r = json.loads(path.read_text())
+    st, m0, ms = r["settings"], r["machine"], r["methods"]
+    ref = ms["target"]
+    rows = [["plain llama.cpp (the reference)", f"{ref['tokens_per_s']:.1f}", "1.00x / 1.00x", "1.00", "-"]]
+    srv = r.get("peers", {}).get("llama-server")
+    if srv:
+        best = srv["best_speculative"]
+        c = srv["configs"][best]
+        rows.append([f"stock llama.cpp speculation (llama-server `{best}`, its fastest)",
+                     f"{c['tokens_per_s']:.1f}",
+                     f"{c['speedup_vs_server_plain']:.2f}x / {c['speedup_total_vs_server_plain']:.2f}x "
+                     "(vs its own plain decoding)", "-", "-"])
+    labels = {"target:lowrank": "edgespec, no drafting (low-rank LM head)",
+              "lookup": "edgespec prompt lookup (cost policy)",
+              "edgespec": "edgespec default (shipped head + lookup)"}
+    for name, label in labels.items():
+        if name in ms:
+            m = ms[name]
+            rows.append([label, f"{m['tokens_per_s']:.1f}",
+                         f"{m['speedup']:.2f}x / {_total(m, ref):.2f}x", f"{m['mean_accepted']:.2f}",
+                         f"{m.get('same_as_target_share', 0):.2f}"])
+    return table(f"Gemma 3 270M Q4_K_M, greedy, {st['prompts']} of the shipped bench prompts (code and prose, kept out of training), "
+                 f"{st['max_new_tokens']} new tokens each, every method interleaved per prompt in one "
+                 f"run; {m0['cpu']}, {m0['threads']} threads (`results/{path.name}`).",
+                 ["method", "tok/s", "vs plain llama.cpp (median of per-prompt ratios / total)",
+                  "tokens per target pass", "same text as plain"], rows)
+
+
+def _splice(text: str, begin: str, end: str, block: str) -> str:
+    return text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+
+
 def main(argv: list[str]) -> int:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        print(f"{readme}: no {BEGIN} ... {END} block", file=sys.stderr)
-        return 2
-    new = text[:text.index(BEGIN)] + render() + text[text.index(END) + len(END):]
-    if "--check" in argv:
+    files = {ROOT / "results" / "README.md": (BEGIN, END, render()),
+             ROOT / "README.md": (HEAD_BEGIN, HEAD_END, HEAD_BEGIN + "\n"
+                                  + headline_table(ROOT / "results" / HEADLINE) + "\n" + HEAD_END)}
+    stale = []
+    for path, (begin, end, block) in files.items():
+        text = path.read_text()
+        if begin not in text or end not in text:
+            print(f"{path}: no {begin} ... {end} block", file=sys.stderr)
+            return 2
+        new = _splice(text, begin, end, block)
         if new != text:
-            print("README.md's Results block is not what scripts/results_table.py writes; run it",
-                  file=sys.stderr)
-            return 1
-        return 0
-    readme.write_text(new)
+            stale.append(path)
+            if "--check" not in argv:
+                path.write_text(new)
+    if stale and "--check" in argv:
+        print(f"{', '.join(str(p.relative_to(ROOT)) for p in stale)}: not what "
+              "scripts/results_table.py writes; run it", file=sys.stderr)
+        return 1
     return 0
 
 

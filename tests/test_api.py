@@ -83,10 +83,20 @@ def test_options_it_cannot_honour_are_errors_not_silence(pair):
 
 def test_sampling_options_seed_and_follow_up_turns(pair):
     _, _, spec = pair
-    out = spec.create_completion("Once upon a time", max_tokens=8, seed=-1, repeat_penalty=1.3,
-                                 frequency_penalty=0.2, presence_penalty=0.1, typical_p=0.9,
-                                 logit_bias={"13": -5.0})
-    assert out["usage"]["completion_tokens"] >= 1
+    kw = dict(max_tokens=8, repeat_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1,
+              typical_p=0.9, temperature=0.8)
+    runs = [spec.create_completion("Once upon a time", seed=s, **kw) for s in (3, 3, 4, 5)]
+    texts = [r["choices"][0]["text"] for r in runs]
+    assert texts[0] == texts[1] and len(set(texts)) > 1  # a seed repeats its draw, others differ
+    for r in runs:
+        u = r["usage"]["completion_tokens"]
+        assert u == 8 or (u < 8 and r["choices"][0]["finish_reason"] == "stop")
+    ids = spec.tokenize(b"Once upon a time")
+    top = next(iter(spec.generate(ids, temp=0)))
+    biased = spec.create_completion("Once upon a time", max_tokens=1, temperature=0,
+                                    logit_bias={str(top): -100.0})
+    assert spec.tokenize(biased["choices"][0]["text"].encode(), add_bos=False) != [top]
+    assert biased["choices"][0]["text"] != spec.detokenize([top]).decode()  # the bias is applied
     msgs = [{"role": "user", "content": "Name a colour."}]
     first = spec.create_chat_completion(messages=msgs, temperature=0, max_tokens=8)
     msgs += [first["choices"][0]["message"], {"role": "user", "content": "And another?"}]

@@ -72,8 +72,10 @@ def test_speculative_greedy_equals_plain_and_llama_cpp(target):
             drafted += st["drafted"]
     assert same_ref >= 0.9 * len(PROMPTS), same_ref
     assert drafted > 0
-    if invariant_loaded():
-        assert exact_runs == 2 * len(PROMPTS)
+    if not invariant_loaded():
+        pytest.skip(f"stock library: {exact_runs} of {2 * len(PROMPTS)} runs exact, so the "
+                    "text comparison is not claimed (make test runs the invariant build)")
+    assert exact_runs == 2 * len(PROMPTS)  # every drafted run was compared with plain text
 
 
 def test_the_check_is_measured_once_and_caps_the_verify_batch():
@@ -87,17 +89,25 @@ def test_the_check_is_measured_once_and_caps_the_verify_batch():
     t = LlamaTarget("gemma3-270m", n_ctx=512, lm_head="full", flash_attn=False)
     n = t.invariant_batch()
     assert n in read_json(INVARIANCE_FILE).values()
-    again = LlamaTarget("gemma3-270m", n_ctx=512, lm_head="full", flash_attn=False)
-    assert again.invariant_batch() == n  # from the cache
     if invariant_loaded():
         assert n >= 4
+    again = LlamaTarget("gemma3-270m", n_ctx=512, lm_head="full", flash_attn=False)
+    if n < 2:
+        pytest.skip(f"this library keeps one-token numbers for {n} rows: no exact mode to check")
+    # once measured, a later engine reads the figure without decoding anything
+    again._measure_invariance = lambda most: pytest.fail("measured twice")
+    assert again.invariant_batch() == n
     ids = t.tokenize("one two three four five six seven eight nine ten one two three four")
+    rows = []
+    decode = t.decode
+    t.decode = lambda tokens, **kw: (rows.append(len(tokens)), decode(tokens, **kw))[1]
     g = Generation(t, ids, SamplingParams(), max_tokens=40, drafter=make_drafter("lookup", t.spec),
                    policy=FixedK(12))
-    list(g)
-    assert g.stats.exact == (n >= 2)
-    if g.stats.exact:
-        assert len(g.stats.drafted_at) <= n - 1  # never more rows a pass than checked
+    got = [tok for tok, _ in g]
+    assert g.stats.exact and g.stats.drafted > 0
+    assert max(rows) <= n  # never more rows a pass than the check found invariant
+    plain = Generation(t, ids, SamplingParams(), max_tokens=40)
+    assert [tok for tok, _ in plain] == got  # and the text is plain decoding's
 
 
 def test_a_stock_library_still_runs_and_says_it_is_not_exact(tmp_path):
@@ -117,4 +127,6 @@ def test_a_stock_library_still_runs_and_says_it_is_not_exact(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["tokens"] == 12 and not got["invariant"]
-    assert got["exact"] == (got["rows"] >= 2)
+    # the stock build's Gemma batches change the numbers (measured: rows < 2), so the run must
+    # not claim exactness
+    assert got["rows"] < 2 and got["exact"] is False

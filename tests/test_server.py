@@ -177,7 +177,9 @@ def test_a_full_queue_is_503_and_a_dropped_stream_frees_the_model():
         t = threading.Thread(target=lambda: done.update(r=http(
             srv, "POST", "/v1/completions", {"prompt": "abc", "max_tokens": 60})))
         t.start()
-        time.sleep(0.3)
+        deadline = time.time() + 10  # until that request holds the model
+        while not json.loads(http(srv, "GET", "/health")[1])["busy"] and time.time() < deadline:
+            time.sleep(0.01)
         status, body = http(srv, "POST", "/v1/completions", {"prompt": "abc", "max_tokens": 2})
         assert status == 503 and json.loads(body)["error"]["type"] == "server_busy"
         t.join(timeout=60)
@@ -264,8 +266,9 @@ def test_gemma3_parallel_server_answers_each_request_with_its_own_greedy_text():
 
     from edgespec.runtime.llama_target import LlamaTarget
     from edgespec.runtime.server import open_slots
+    from edgespec.runtime.spec import SpecConfig
 
-    llms, batcher = open_slots("gemma3-270m", "default", 4, n_ctx=256, threads=None)
+    llms, batcher = open_slots("gemma3-270m", SpecConfig(draft="default"), 4, n_ctx=256, threads=None)
     srv = Server(make_app(llms, "gemma3-270m", batcher=batcher))
     prompts = ["The history of the Roman Empire", "def fibonacci(n):\n    ",
                "A list of fruits:\n1.", "SELECT name FROM users WHERE"]

@@ -100,4 +100,8 @@ def test_resolve_names():
         resolve_target("gemma-9000")
     with pytest.raises(EdgespecError, match="empty target"):
         resolve_target(" ")
+
+
+@pytest.mark.integration
+def test_a_known_name_resolves_to_its_shipped_file():
     assert resolve_target("gemma3-270m").name.endswith(".gguf")

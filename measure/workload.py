@@ -1,0 +1,125 @@
+"""`edgespec bench --workload defaults`: the drop-in against `llama_cpp.Llama`, called the way an
+app calls it, on the same file with the same arguments.
+
+Each row is one app call: `create_completion(prompt, **args)` or
+`create_chat_completion(messages, **args)` with llama-cpp-python's own defaults for everything
+not given (they sample: T=0.8 for completions, T=0.2 for chat, top_k 40, top_p 0.95, min_p
+0.05). Both objects run each prompt in turn (A B, A B, ...), with the same seed per prompt; the
+time is the whole call's wall time, prompt included, as the app sees it. Reported: tok/s of
+each, the median of per-prompt ratios and the total-tokens ratio (edgespec over llama.cpp).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from edgespec.errors import EdgespecError
+from edgespec.io import progress
+
+
+@dataclass
+class Workload:
+    name: str
+    target: str
+    call: str  # "completion" | "chat"
+    args: dict = field(default_factory=dict)  # what the app passes besides the prompt
+    kinds: tuple[str, ...] = ("code", "prose")  # the bench prompts it runs on
+
+
+WORKLOADS = {
+    "defaults": [
+        Workload("gemma3-270m completion, temperature 0", "gemma3-270m", "completion", {"temperature": 0}),
+        Workload("gemma3-270m completion, library defaults", "gemma3-270m", "completion"),
+        Workload("smollm2-135m chat, library defaults", "smollm2-135m", "chat", kinds=("chat",)),
+        Workload("smollm2-135m chat, temperature 0.8", "smollm2-135m", "chat", {"temperature": 0.8},
+                 kinds=("chat",)),
+    ],
+}
+
+
+def _call(llm, w: Workload, prompt: str, max_tokens: int, seed: int) -> tuple[int, float, str]:
+    """(completion tokens, wall seconds, text) of one app call."""
+    t0 = time.perf_counter()
+    if w.call == "chat":
+        out = llm.create_chat_completion(messages=[{"role": "user", "content": prompt}],
+                                         max_tokens=max_tokens, seed=seed, **w.args)
+        text = out["choices"][0]["message"]["content"] or ""
+    else:
+        out = llm.create_completion(prompt, max_tokens=max_tokens, seed=seed, **w.args)
+        text = out["choices"][0]["text"]
+    return out["usage"]["completion_tokens"], time.perf_counter() - t0, text
+
+
+def _ratios(ours: list[dict], ref: list[dict]) -> tuple[float, float]:
+    rate = lambda r: r["tokens"] / r["seconds"]  # noqa: E731
+    med = statistics.median(rate(a) / rate(b) for a, b in zip(ours, ref))
+    tot = (sum(r["tokens"] for r in ours) / sum(r["seconds"] for r in ours)) / \
+        (sum(r["tokens"] for r in ref) / sum(r["seconds"] for r in ref))
+    return round(med, 4), round(tot, 4)
+
+
+def run_workload(w: Workload, prompts: list[dict], max_tokens: int, n_ctx: int,
+                 threads: int | None, draft: str) -> dict:
+    from llama_cpp import Llama
+
+    from edgespec.runtime.api import SpeculativeLlama
+    from edgespec.runtime.llama_target import default_threads
+    from edgespec.targets import resolve_target
+
+    chosen = [p for p in prompts if p.get("kind") in w.kinds]
+    if not chosen:
+        raise EdgespecError(f"workload '{w.name}' needs prompts of kind {' or '.join(w.kinds)}")
+    path = str(resolve_target(w.target))
+    threads = threads or default_threads()
+    ref = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, verbose=False)
+    ours = SpeculativeLlama(model_path=path, n_ctx=n_ctx, n_threads=threads, draft=draft)
+    try:
+        for llm in (ref, ours):  # the first call pages the file in
+            _call(llm, w, "Warm-up: the quick brown fox", 8, 0)
+        rows = {"llama_cpp.Llama": [], "edgespec": []}
+        bar = progress(total=2 * len(chosen), desc=w.name[:24], unit="call")
+        for i, p in enumerate(chosen):
+            for name, llm in (("llama_cpp.Llama", ref), ("edgespec", ours)):
+                n, sec, text = _call(llm, w, p["prompt"], max_tokens, seed=1000 + i)
+                rows[name].append({"kind": p.get("kind"), "tokens": n, "seconds": round(sec, 6),
+                                   "text": text})
+                bar.update(1)
+        bar.close()
+    finally:
+        ours.close()
+        ref.close()
+    med, tot = _ratios(rows["edgespec"], rows["llama_cpp.Llama"])
+    rate = lambda rs: round(sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs), 3)  # noqa: E731
+    return {"name": w.name, "target": w.target, "call": w.call, "args": w.args, "draft": draft,
+            "prompts": len(chosen), "tokens_per_s": {k: rate(v) for k, v in rows.items()},
+            "speedup": med, "speedup_total": tot,
+            "same_text_share": round(sum(a["text"] == b["text"] for a, b in
+                                         zip(rows["edgespec"], rows["llama_cpp.Llama"])) / len(chosen), 4),
+            "per_prompt": rows}
+
+
+def bench_workload(name: str, prompts: list[dict], max_tokens: int = 128, n_ctx: int = 2048,
+                   threads: int | None = None, draft: str = "default") -> dict:
+    """Every row of workload `name` (see WORKLOADS), one after the other."""
+    from edgespec.measure.bench import machine_info
+    from edgespec.runtime.llama_target import default_threads
+
+    if name not in WORKLOADS:
+        raise EdgespecError(f"unknown workload '{name}'; choose from {', '.join(WORKLOADS)}")
+    rows = [run_workload(w, prompts, max_tokens, n_ctx, threads, draft) for w in WORKLOADS[name]]
+    return {"workload": name, "max_tokens": max_tokens, "n_ctx": n_ctx, "rows": rows,
+            "reference": "llama_cpp.Llama on the same file with the same call, arguments and seeds",
+            "machine": machine_info(threads or default_threads())}
+
+
+def format_workload(report: dict) -> str:
+    lines = [f"workload {report['workload']}: edgespec's drop-in vs llama_cpp.Llama, the same call "
+             f"(wall time incl. prompt, {report['max_tokens']} new tokens at most)",
+             f"{'row':44s} {'llama.cpp tok/s':>15s} {'edgespec tok/s':>14s} {'median':>7s} {'total':>7s}"]
+    for r in report["rows"]:
+        t = r["tokens_per_s"]
+        lines.append(f"{r['name']:44s} {t['llama_cpp.Llama']:15.1f} {t['edgespec']:14.1f} "
+                     f"{r['speedup']:6.2f}x {r['speedup_total']:6.2f}x")
+    return "\n".join(lines)

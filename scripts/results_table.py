@@ -15,7 +15,7 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 HEAD_BEGIN, HEAD_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 # the bench the README's headline quotes: the latest default-configuration run with stock
 # llama.cpp's own speculation in it
-HEADLINE = "bench-gemma3-270m-by-source-peers.json"
+HEADLINE = "bench-gemma3-270m-session14.json"
 
 
 def table(intro: str, header: list[str], rows: list[list]) -> str:

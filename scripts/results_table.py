@@ -16,6 +16,8 @@ HEAD_BEGIN, HEAD_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 # the bench the README's headline quotes: the latest default-configuration run with stock
 # llama.cpp's own speculation in it
 HEADLINE = "bench-gemma3-270m-session14.json"
+# and the app's view beside it: the drop-in against llama_cpp.Llama (`bench --workload defaults`)
+HEADLINE_APP = "workload-defaults-session14.json"
 
 
 def table(intro: str, header: list[str], rows: list[list]) -> str:
@@ -407,7 +409,8 @@ def render() -> str:
                                 ("eagle3-check-*.json", eagle3_check_table),
                                 ("scaling-*.json", scaling_table),
                                 ("data-speed-*.json", data_speed_table),
-                                ("verify-cost-*.json", verify_cost_table)):
+                                ("verify-cost-*.json", verify_cost_table),
+                                ("workload-*.json", workload_table)):
         parts += [render_one(p) for p in sorted((ROOT / "results").glob(pattern))]
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):
         r = json.loads(p.read_text())
@@ -500,6 +503,22 @@ def headline_table(path: Path) -> str:
                   "tokens per target pass", "same text as plain"], rows)
 
 
+def workload_table(path: Path) -> str:
+    """`bench --workload`: the drop-in against llama_cpp.Llama, one row per app call."""
+    r = json.loads(path.read_text())
+    m0 = r["machine"]
+    rows = [[x["name"], x["prompts"], f"{x['tokens_per_s']['llama_cpp.Llama']:.1f}",
+             f"{x['tokens_per_s']['edgespec']:.1f}", f"{x['speedup']:.2f}x / {x['speedup_total']:.2f}x",
+             f"{x['same_text_share']:.2f}"] for x in r["rows"]]
+    return table(f"The app's view (`results/{path.name}`, `edgespec bench --workload {r['workload']}`): "
+                 f"`llama_cpp.Llama` and edgespec's drop-in (shipped head + lookup) making the same call "
+                 f"on the same file with the same seeds, llama-cpp-python's defaults for every argument "
+                 f"not named; wall time including the prompt, at most {r['max_tokens']} new tokens; "
+                 f"{m0['cpu']}, {m0['threads']} threads.",
+                 ["call", "prompts", "llama_cpp.Llama tok/s", "edgespec tok/s",
+                  "edgespec vs llama_cpp.Llama (median / total)", "same text"], rows)
+
+
 def _splice(text: str, begin: str, end: str, block: str) -> str:
     return text[:text.index(begin)] + block + text[text.index(end) + len(end):]
 
@@ -507,7 +526,8 @@ def _splice(text: str, begin: str, end: str, block: str) -> str:
 def main(argv: list[str]) -> int:
     files = {ROOT / "results" / "README.md": (BEGIN, END, render()),
              ROOT / "README.md": (HEAD_BEGIN, HEAD_END, HEAD_BEGIN + "\n"
-                                  + headline_table(ROOT / "results" / HEADLINE) + "\n" + HEAD_END)}
+                                  + headline_table(ROOT / "results" / HEADLINE) + "\n\n"
+                                  + workload_table(ROOT / "results" / HEADLINE_APP) + "\n" + HEAD_END)}
     stale = []
     for path, (begin, end, block) in files.items():
         text = path.read_text()

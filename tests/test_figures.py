@@ -98,3 +98,19 @@ def test_the_recomputation_catches_a_wrong_cell():
     assert right in text
     with pytest.raises(AssertionError, match="vs baseline"):
         check_bench_tables(text.replace(right, "| edgespec | cost | 70.7 | 1.40x / 1.45x | 0.84x / 1.45x |"))
+
+
+def test_the_app_view_agrees_with_its_json():
+    """README's drop-in-against-llama_cpp.Llama table, recomputed from each call's tokens and
+    wall seconds."""
+    text = (ROOT / "README.md").read_text()
+    name = re.search(r"\(`results/(workload-[^`]+\.json)`", text).group(1)
+    r = json.loads((ROOT / "results" / name).read_text())
+    rows = _rows(text, "The app's view")
+    rate = lambda rs: sum(x["tokens"] for x in rs) / sum(x["seconds"] for x in rs)  # noqa: E731
+    for w in r["rows"]:
+        cells, ours, ref = rows[w["name"]], w["per_prompt"]["edgespec"], w["per_prompt"]["llama_cpp.Llama"]
+        assert abs(float(cells[2]) - rate(ref)) <= 0.051 and abs(float(cells[3]) - rate(ours)) <= 0.051
+        med, tot = _pair(cells[4])
+        assert abs(tot - rate(ours) / rate(ref)) <= TOL, w["name"]
+        assert abs(med - statistics.median(rate([a]) / rate([b]) for a, b in zip(ours, ref))) <= TOL

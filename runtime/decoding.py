@@ -276,15 +276,17 @@ class Generation:
 
     def _emit_all(self, verdict: Verdict) -> Iterator[tuple[int, str]]:
         """A step's tokens, in order, until one ends the generation."""
-        st = self.stats
-        if verdict.cut is not None:
+        st, toks, cut = self.stats, verdict.tokens, verdict.cut
+        if cut == 0:  # a stopping criterion refuses the step's first token
             st.finish_reason = "stop"
+            return
         full = self._room() < 0  # no room to check the last token: this step ends the generation
-        toks = verdict.tokens
-        for i, tok in enumerate(toks):
-            if i == verdict.cut:
-                return
-            yield tok, self._emit(tok, "context" if full and i == len(toks) - 1 else None)
+        for i, tok in enumerate(toks[:cut]):
+            # the token before a refused one ends the generation ("stop"), as does the last
+            # one when the context is full
+            end = "stop" if cut is not None and i == cut - 1 else (
+                "context" if full and i == len(toks) - 1 else None)
+            yield tok, self._emit(tok, end)
             if st.finish_reason:
                 return
         self.pending = toks[-1]

@@ -354,22 +354,25 @@ def test_logits_processors_keep_the_sampling_law():
 
 
 @pytest.mark.parametrize("k", [0, 4])
-def test_stopping_criteria_end_before_the_token_they_refuse(k):
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_stopping_criteria_end_before_the_token_they_refuse(k, n):
     """As llama-cpp-python: criteria(ids before the new token, its logits) -> True ends the
-    generation ("stop") without that token; drafts past it are not emitted either."""
+    generation ("stop") without that token; drafts past it are not emitted either, the accepted
+    ones before it are (n = 1 and 3 refuse a token inside a step of perfect drafts)."""
     t = MockTarget(seed=4)
     seen = []
 
-    def after_five(ids, logits):
+    def after_n(ids, logits):
         seen.append((len(ids), logits.dtype, logits.shape))
-        return len(ids) >= 3 + 5
+        return len(ids) >= 3 + n
 
-    g = Generation(t, [1, 2, 3], SamplingParams(), max_tokens=40, stopping=after_five,
+    g = Generation(t, [1, 2, 3], SamplingParams(), max_tokens=40, stopping=after_n,
                    drafter=NoisyOracle(t, err=0.0) if k else None, policy=FixedK(k))
-    toks = [tok for tok, _ in g]
-    assert toks == plain_greedy(MockTarget(seed=4), [1, 2, 3], 5)
+    pieces = list(g)
+    assert [tok for tok, _ in pieces] == plain_greedy(MockTarget(seed=4), [1, 2, 3], n)
+    assert "".join(p for _, p in pieces) == g.text and len(g.text) == n
     assert g.stats.finish_reason == "stop"
-    assert seen[0] == (3, np.float32, (12,)) and seen[-1][0] == 8
+    assert seen[0] == (3, np.float32, (12,)) and seen[-1][0] == 3 + n
 
 
 @pytest.mark.parametrize("rows", [2, 3])

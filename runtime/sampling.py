@@ -74,14 +74,12 @@ class SamplingParams:
 def adjusted(logits: np.ndarray, p: SamplingParams, recent=(), ids=()) -> np.ndarray:
     """Logits after the logits processors (given `ids`, every token before this one), the
     logit bias and the repetition penalties over `recent` (the tokens generated so far; the
-    last `penalty_last_n` count). [V] float64."""
+    last `penalty_last_n` count). A float32 copy [V], as llama.cpp's samplers hold them."""
+    x = np.array(logits, dtype=np.float32)
     if p.logits_processor:
-        x32, arr = np.array(logits, dtype=np.float32), np.asarray(ids, dtype=np.intc)
+        arr = np.asarray(ids, dtype=np.intc)
         for f in p.logits_processor:
-            x32[:] = f(arr, x32)
-        x = x32.astype(np.float64)
-    else:
-        x = logits.astype(np.float64)
+            x[:] = f(arr, x)
     for tok, b in (p.logit_bias or {}).items():
         if 0 <= tok < x.size:
             x[tok] += b
@@ -94,22 +92,96 @@ def adjusted(logits: np.ndarray, p: SamplingParams, recent=(), ids=()) -> np.nda
     return x
 
 
-def probs(logits: np.ndarray, p: SamplingParams, recent=(), grammar=None, ids=()) -> np.ndarray:
-    """The distribution that sampling draws from, llama.cpp's chain (see SamplingParams; a
-    grammar masks right after the penalties, where llama-cpp-python puts it). [V] float64."""
-    x = adjusted(logits, p, recent, ids)
+@dataclass
+class Dist:
+    """A distribution over token ids: the tokens the chain keeps and their probabilities
+    (every other token has probability 0)."""
+
+    ids: np.ndarray  # int64 [n]
+    p: np.ndarray  # float64 [n], sums to 1
+
+    def prob(self, token: int) -> float:
+        return float(self.p[self.ids == token].sum())
+
+    def dense(self, n_vocab: int) -> np.ndarray:
+        out = np.zeros(n_vocab)
+        out[self.ids] = self.p
+        return out
+
+    def draw(self, rng: np.random.Generator) -> int:
+        return int(self.ids[draw(self.p, rng)])
+
+
+def chain(logits: np.ndarray, p: SamplingParams, recent=(), grammar=None, ids=()) -> Dist:
+    """llama.cpp's sampler chain (see SamplingParams; a grammar masks right after the
+    penalties, where llama-cpp-python puts it) on one row of logits [V].
+
+    Truncates first: the top-k tokens (or, without top-k, the most likely tokens up to what
+    top-p and min-p can keep) are found with one pass over the row, and every later cut, the
+    temperature and the probabilities work on those survivors only, as llama.cpp's samplers
+    do; no full-vocabulary float64 array is made. Without top-k, top-p's mass is taken over
+    the whole vocabulary (one float32 pass)."""
+    x = adjusted(logits, p, recent, ids) if p.adjusts_logits else np.asarray(logits, np.float32)
     if grammar is not None:
         x = grammar.mask(x)
+    top = float(x.max())
+    if not np.isfinite(top):
+        raise EdgespecError("no token is allowed here (every logit is -inf)")
+    mass = None  # top-p's denominator when it is not the survivors' own: exp(x - top) summed
     if p.top_k and p.top_k < x.size:
-        kth = np.partition(x, -p.top_k)[-p.top_k]
-        x[x < kth] = -np.inf
+        sel = _at_least(x, top, p.top_k)
+        if sel.size > p.top_k:  # keep the k largest (and any tied with the k-th)
+            kth = np.partition(x[sel], -p.top_k)[-p.top_k]
+            sel = sel[x[sel] >= kth]
+    elif p.typical_p < 1.0 or (p.top_p >= 1.0 and p.min_p <= 0.0):
+        sel = np.flatnonzero(np.isfinite(x))  # the cuts that follow need every token
+    elif p.top_p >= 1.0:
+        sel = np.flatnonzero(x >= top + np.log(p.min_p))  # min-p alone: a floor
+    else:
+        mass = float(np.exp(x - np.float32(top)).sum(dtype=np.float64))
+        sel = _top_p_room(x, top, p, mass)
+    vals = x[sel].astype(np.float64)
     if p.typical_p < 1.0:
-        x = _cut(x, _typical(_softmax(x), p.typical_p))
-    if p.top_p < 1.0:
-        x = _cut(x, _top_p(_softmax(x), p.top_p))
+        keep = _typical(_softmax(vals), p.typical_p)
+        sel, vals = sel[keep], vals[keep]
+    if p.top_p < 1.0:  # the most likely first, up to top_p of the mass
+        order = np.argsort(-vals, kind="stable")
+        sel, vals = sel[order], vals[order]
+        e = np.exp(vals - top)
+        cum = np.cumsum(e) / (e.sum() if mass is None else mass)
+        n = min(int(np.searchsorted(cum, p.top_p)) + 1, vals.size)
+        sel, vals = sel[:n], vals[:n]
     if p.min_p > 0.0:
-        x[x < x.max() + np.log(p.min_p)] = -np.inf
-    return _softmax(x / max(p.temperature, 1e-8))
+        keep = vals >= vals.max() + np.log(p.min_p)
+        sel, vals = sel[keep], vals[keep]
+    return Dist(sel.astype(np.int64), _softmax(vals / max(p.temperature, 1e-8)))
+
+
+def _at_least(x: np.ndarray, top: float, n: int) -> np.ndarray:
+    """Ids of a set of tokens that holds the n largest logits of x: those within a margin of
+    the top one, the margin widened until at least n are in (one vectorised pass each)."""
+    for margin in (8.0, 32.0, 128.0):
+        sel = np.flatnonzero(x >= top - margin)
+        if sel.size >= n:
+            return sel
+    return np.flatnonzero(np.isfinite(x))
+
+
+def _top_p_room(x: np.ndarray, top: float, p: SamplingParams, mass: float) -> np.ndarray:
+    """Without top-k: ids of a set of tokens that holds every token top-p (and min-p after
+    it) may keep: the most likely ones, widened until they hold top_p of `mass`."""
+    floor = top + float(np.log(p.min_p)) if p.min_p > 0.0 else -np.inf
+    for margin in (8.0, 32.0, 128.0):
+        sel = np.flatnonzero(x >= top - margin)
+        if top - margin <= floor or np.exp(x[sel] - top).sum(dtype=np.float64) >= p.top_p * mass:
+            return sel
+    return np.flatnonzero(np.isfinite(x))
+
+
+def probs(logits: np.ndarray, p: SamplingParams, recent=(), grammar=None, ids=()) -> np.ndarray:
+    """The chain's distribution as a dense [V] float64 array (tests and reports; the decode
+    loop keeps the sparse `chain`)."""
+    return chain(logits, p, recent, grammar, ids).dense(np.asarray(logits).size)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -129,37 +201,14 @@ def log_softmax(logits: np.ndarray, axis: int = -1, dtype=np.float64) -> np.ndar
     return x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
 
 
-def _cut(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    out = np.full_like(x, -np.inf)
-    out[keep] = x[keep]
-    return out
-
-
-def _typical(x: np.ndarray, mass: float) -> np.ndarray:
-    """Locally typical sampling: the tokens whose surprise is closest to the entropy, up to
-    `mass` of probability (llama.cpp's rule: stop once the sum exceeds it)."""
-    live = np.flatnonzero(x > 0)
-    px = x[live]
+def _typical(px: np.ndarray, mass: float) -> np.ndarray:
+    """Locally typical sampling on a distribution px (every entry > 0): the positions whose
+    surprise is closest to the entropy, up to `mass` of probability (llama.cpp's rule: stop
+    once the sum exceeds it)."""
     entropy = -(px * np.log(px)).sum()
-    order = live[np.argsort(np.abs(-np.log(px) - entropy), kind="stable")]
-    cum = np.cumsum(x[order])
+    order = np.argsort(np.abs(-np.log(px) - entropy), kind="stable")
+    cum = np.cumsum(px[order])
     return order[: int(np.searchsorted(cum, mass, side="right") + 1)]
-
-
-def _top_p(x: np.ndarray, top_p: float) -> np.ndarray:
-    """The smallest set of most likely tokens whose mass reaches top_p (their ids).
-
-    Sorts only the top few hundred tokens when they already hold the mass (the usual case):
-    a full argsort of a 262k vocabulary per token would cost more than a decode.
-    """
-    m = min(x.size, 512)
-    while True:
-        top = np.argpartition(-x, m - 1)[:m] if m < x.size else np.arange(x.size)
-        order = top[np.argsort(-x[top], kind="stable")]
-        cum = np.cumsum(x[order])
-        if cum[-1] >= top_p or m == x.size:
-            return order[: int(np.searchsorted(cum, top_p) + 1)]
-        m = min(x.size, m * 8)
 
 
 def sample(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, recent=(),
@@ -172,7 +221,7 @@ def sample(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, rece
         if grammar is None or grammar.allows([top])[0]:  # masking only removes tokens
             return top
         return int(np.argmax(grammar.mask(x)))
-    return draw(probs(logits, p, recent, grammar, ids), rng)
+    return chain(logits, p, recent, grammar, ids).draw(rng)
 
 
 def draw(dist: np.ndarray, rng: np.random.Generator) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.runtime.sampling import SamplingParams, draw, log_softmax, probs, sample
+from edgespec.runtime.sampling import Dist, SamplingParams, chain, log_softmax, sample
 
 
 @dataclass
@@ -141,25 +141,32 @@ class SampledVerifier(Verifier):
     def accept(self, logits, drafts, q, context, emitted) -> tuple[int, int]:
         sp, rng = self.sampling, self.rng
         for i, d in enumerate(drafts):
-            p = probs(logits[i], sp, self._recent(emitted, drafts, i), self.grammar,
+            p = chain(logits[i], sp, self._recent(emitted, drafts, i), self.grammar,
                       self._ids(context, drafts, i))
             qi = q[i] if i < len(q) else None
             qd = 1.0 if qi is None else float(qi[1][qi[0] == d].sum())
-            if qd > 0 and rng.random() < min(1.0, p[d] / qd):
+            if qd > 0 and rng.random() < min(1.0, p.prob(d) / qd):
                 self._take(d)
                 continue
-            residual = p.copy()
-            if qi is None:
-                residual[d] = 0.0
-            else:
-                np.subtract.at(residual, qi[0], qi[1])
-                np.maximum(residual, 0.0, out=residual)
-            if residual.sum() <= 0:  # p == q exactly: any draw from p is right
-                residual = p
-            return i, self._take(draw(residual / residual.sum(), rng))
+            return i, self._take(_residual(p, d, qi).draw(rng))
         n = len(drafts)
         return n, self._take(sample(logits[n], sp, rng, self._recent(emitted, drafts, n),
                                     self.grammar, self._ids(context, drafts, n)))
+
+
+def _residual(p: Dist, d: int, qi) -> Dist:
+    """norm(max(0, p - q)) after draft d (drawn from q; None: q is one-hot at d) was
+    rejected. It lives on p's support; where p == q exactly, any draw from p is right."""
+    if qi is None:
+        r = np.where(p.ids == d, 0.0, p.p)
+    else:
+        on = np.isin(qi[0], p.ids)  # q's mass on p's support (q may list a token twice)
+        order = np.argsort(p.ids)
+        q_at = np.zeros(p.ids.size)
+        np.add.at(q_at, order[np.searchsorted(p.ids, qi[0][on], sorter=order)], qi[1][on])
+        r = np.maximum(p.p - q_at, 0.0)
+    total = r.sum()
+    return Dist(p.ids, r / total) if total > 0 else p
 
 
 def make_verifier(target, sampling: SamplingParams, grammar=None, logprobs: int | None = None,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.sampling import SamplingParams, adjusted, probs, sample
+from edgespec.runtime.sampling import SamplingParams, adjusted, chain, probs, sample
 
 lc = pytest.importorskip("llama_cpp")
 
@@ -18,6 +18,7 @@ V = 300
 def llama_cpp_distribution(logits: np.ndarray, sp: SamplingParams, recent: list[int]) -> np.ndarray:
     """llama.cpp's chain as llama-cpp-python builds it, applied to `logits`; the distribution
     its final draw would use."""
+    V = logits.size
     chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
     bias = sp.logit_bias or {}
     arr = (lc.llama_logit_bias * len(bias))(*[lc.llama_logit_bias(t, b) for t, b in bias.items()])
@@ -69,6 +70,41 @@ def test_probs_is_llama_cpps_sampler_chain(name):
     np.testing.assert_allclose(ours, theirs, atol=2e-5)
     if sp.repeat_penalty != 1.0:  # the recent tokens matter: the check would see them ignored
         assert np.abs(probs(logits, sp) - theirs).max() > 1e-3
+
+
+WIDE = {  # rows whose survivors lie far below the top logit: the chain's first pass widens
+    "top-k wider than the first margin": dict(temperature=0.8, top_k=400),
+    "top-p alone, flat tail": dict(temperature=1.0, top_p=0.9),
+    "top-p and a tiny min-p": dict(temperature=0.7, top_p=0.99, min_p=1e-7),
+    "min-p alone, tiny": dict(temperature=1.0, min_p=1e-6),
+    "defaults": dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+}
+
+
+@pytest.mark.parametrize("name", WIDE)
+@pytest.mark.parametrize("spread", [1.0, 12.0])
+def test_the_truncating_chain_on_a_large_vocabulary(name, spread):
+    """20,000 tokens with logits spread thin (1) or wide (12): the survivors found by the
+    margins are llama.cpp's, whether they sit within 8 logits of the top or far below it."""
+    rng = np.random.default_rng(len(name) + int(spread))
+    logits = (rng.standard_t(3, size=20000) * spread).astype(np.float32)
+    sp = SamplingParams(**WIDE[name])
+    theirs = llama_cpp_distribution(logits, sp, [])
+    ours = probs(logits, sp)
+    assert set(np.flatnonzero(ours)) == set(np.flatnonzero(theirs))
+    np.testing.assert_allclose(ours, theirs, atol=2e-5)
+
+
+def test_chain_keeps_only_the_survivors_and_draws_from_them():
+    logits = np.full(262144, -5.0, np.float32)
+    logits[[7, 70000, 262143]] = [3.0, 2.5, 2.0]
+    d = chain(logits, SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05))
+    assert sorted(d.ids.tolist()) == [7, 70000, 262143]  # min-p drops the -5 tail
+    rng = np.random.default_rng(0)
+    seen = {d.draw(rng) for _ in range(200)}
+    assert seen == {7, 70000, 262143}
+    np.testing.assert_allclose(d.p.sum(), 1.0)
+    assert d.prob(7) > d.prob(70000) > d.prob(262143) > 0 and d.prob(8) == 0
 
 
 def test_greedy_takes_the_argmax_of_the_biased_penalised_logits():

@@ -141,7 +141,6 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         from edgespec.measure.peers import find_tool
 
         find_tool("llama-server")  # before anything runs
-    lm_head = SpecConfig(lm_head=lm_head).engine_lm_head(sp.greedy)
     engine = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head=lm_head)
     if peers and engine.engine != "llama.cpp":
         raise EdgespecError("--peers llama-server needs a GGUF target (this one runs on onnxruntime)")

@@ -28,7 +28,7 @@ class Engine:
     version: str  # the engine's version (stored measurements are keyed by it)
     model_file: Path  # the file whose content keys measurements cached for this engine
     draft_k: int = 4  # default for the most tokens drafted per step, greedy decoding
-    draft_k_sampled: int = 4  # the same for sampling (verified with the full LM head)
+    draft_k_sampled: int = 4  # the same for sampling (its rows need every logit)
     lowrank: LowRankInfo | None = None  # the low-rank LM head greedy verification uses, if any
     lowrank_head = None  # its scorer, on engines that run it next to llama.cpp
     n_seq: int = 1  # sequences the cache holds (batch slots decode them together)

@@ -77,7 +77,7 @@ def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,
     utf8(prompt, "prompt")  # before anything loads
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = target if isinstance(target, Engine) else open_target(
-        target, n_ctx=n_ctx, n_threads=n_threads, lm_head=spec.engine_lm_head(sampling.greedy))
+        target, n_ctx=n_ctx, n_threads=n_threads, lm_head=spec.lm_head)
     drafter = make_drafter(spec.draft, engine.spec)
     ids = engine.tokenize(prompt)
 

@@ -17,6 +17,11 @@ llama.cpp never runs its 262k-wide LM head; the low-rank head picks each row's c
 computes their logits as llama.cpp would. Hidden states come out this way too, without
 embeddings mode and without any logits (`hidden_states`). The callback runs Python for every
 graph node of every decode, so it is installed only on engines that read hidden states this way.
+
+Rows that need every logit (sampling; greedy with logprobs, grammar or penalties) take the same
+cut and then the batched LM head (runtime/batched_head.py) where the target's head is Q8_0 or
+Q4_0: llama.cpp's own LM head rows in one onnxruntime pass for all rows of a verify decode,
+which llama.cpp's CPU kernels make cost nearly one decode per row.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from edgespec.cache import file_identity, put_json, read_json
 from edgespec.errors import EdgespecError, one_line
 from edgespec.io import utf8
 from edgespec.runtime.assets import shipped_basis
+from edgespec.runtime.batched_head import BatchedHead, supports as batched_supported
 from edgespec.runtime.engine import Engine
 from edgespec.runtime.lowrank import LowRankHead, LowRankInfo, read_basis
 from edgespec.targets import TargetSpec, load_target_spec
@@ -180,18 +186,19 @@ class LlamaTarget(LlamaVocab, Engine):
 
     engine = "llama.cpp"
     version = lc.__version__
-    # Default for the most tokens drafted per step: with llama.cpp's full LM head checking k
-    # tokens costs nearly k decodes, so longer drafts rarely pay; with the low-rank LM head
-    # greedy verification costs far less and the default is 6 (sampling verifies with the full head).
-    draft_k_sampled = 3
+    # Default for the most tokens drafted per step (set per engine): with llama.cpp's full LM
+    # head checking k tokens costs nearly k decodes, so longer drafts rarely pay (3); with the
+    # low-rank (greedy) or batched LM head verification costs far less (6).
 
     def __init__(self, target: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, swa_full: bool = False, spec: TargetSpec | None = None,
                  lm_head: str = "auto", probe: bool = False, n_seq: int = 1,
                  flash_attn: bool | None = None):
-        """lm_head: "auto" (low-rank for greedy decoding where a basis ships for the target,
-        else full), "full" (llama.cpp's own LM head, always), "lowrank" (a basis must ship), or
-        a basis file (.npz). probe: read hidden states through the eval callback even without a
+        """lm_head: "auto" (the low-rank head for greedy rows where a basis ships for the target,
+        the batched head for rows that need every logit where the head's type allows, else
+        llama.cpp's), "full" (llama.cpp's own LM head, always), "lowrank" (a basis must ship;
+        other rows on llama.cpp's head), "batched" (the batched head for every row), or a
+        basis file (.npz). probe: read hidden states through the eval callback even without a
         low-rank head (`hidden_states`). n_seq: sequences the cache holds (`decode_parts`; the
         single-sequence methods use sequence 0); n_ctx cells are shared by all of them.
         flash_attn: None lets llama.cpp choose (it takes flash attention on CPUs), False is
@@ -199,6 +206,10 @@ class LlamaTarget(LlamaVocab, Engine):
         self.spec = spec or load_target_spec(target)
         self.model_file = Path(self.spec.path)
         basis = self._basis(lm_head)
+        batched = lm_head == "batched" or (lm_head == "auto" and batched_supported(self.spec))
+        if lm_head == "batched" and not batched_supported(self.spec):
+            raise EdgespecError(f"--lm-head batched: {self.spec.name}'s LM head is "
+                                f"{self.spec.lm_head_type}; it takes Q8_0 or Q4_0 heads")
         _ensure_backend()
         mparams = lc.llama_model_default_params()
         self._model = lc.llama_model_load_from_file(self.spec.path.encode(), mparams)
@@ -231,7 +242,7 @@ class LlamaTarget(LlamaVocab, Engine):
                                        else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self._invariant: int | None = None
         self._grab, self._grabbed, self._cb, self._grab_layers = False, [], None, set()
-        if probe or basis is not None:
+        if probe or basis is not None or batched:
             self._install_probe(cparams)
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -253,8 +264,18 @@ class LlamaTarget(LlamaVocab, Engine):
                 print(f"edgespec: warning: {one_line(e)}; decoding with llama.cpp's "
                       "full LM head instead", file=sys.stderr)
         self.lowrank: LowRankInfo | None = self.lowrank_head.info if self.lowrank_head else None
+        self.batched_head = None
+        if batched:
+            try:
+                self.batched_head = BatchedHead(self.spec, n_threads=self.n_threads)
+            except EdgespecError as e:  # its cache cannot be built (disk full, read-only)
+                if lm_head != "auto":
+                    raise
+                print(f"edgespec: warning: {one_line(e)}; rows that need every logit use "
+                      "llama.cpp's LM head instead", file=sys.stderr)
         self.feature_layers: tuple[int, ...] = ()  # layer inputs every hidden read carries too
-        self.draft_k = 6 if self.lowrank else 3
+        self.draft_k = 6 if self.lowrank or self.batched_head else 3
+        self.draft_k_sampled = 6 if self.batched_head else 3
 
     def metadata(self) -> dict[str, str]:
         """The GGUF metadata as llama.cpp reads it (key -> value as text)."""
@@ -277,6 +298,8 @@ class LlamaTarget(LlamaVocab, Engine):
         head = self.spec.lm_head_type
         if greedy and self.lowrank:
             return f"{head}; {self.lowrank.describe('as llama.cpp computes them')}"
+        if self.batched_head is not None:
+            return self.batched_head.describe()
         return head
 
     def _basis(self, lm_head: str):
@@ -288,8 +311,11 @@ class LlamaTarget(LlamaVocab, Engine):
                 raise EdgespecError(f"no low-rank basis ships for {self.spec.name}; make one with "
                                     "`edgespec export lowrank-basis` and pass the file")
             return None if path is None else read_basis(path, self.spec)
+        if lm_head == "batched":
+            return None
         if not Path(lm_head).expanduser().is_file():
-            raise EdgespecError(f"--lm-head {lm_head}: choose auto, full, lowrank or a basis file")
+            raise EdgespecError(f"--lm-head {lm_head}: choose auto, full, lowrank, batched or a "
+                                "basis file")
         return read_basis(Path(lm_head).expanduser(), self.spec)
 
     def _install_probe(self, cparams) -> None:
@@ -451,9 +477,9 @@ class LlamaTarget(LlamaVocab, Engine):
         return [self._rows(get_(self._ctx, i), n, self.n_embd, copy) for i in self.feature_layers]
 
     def hidden_free(self, top_only: bool) -> bool:
-        """Whether decodes compute the final hidden states anyway: greedy passes through the
-        low-rank LM head read them (the probe) to find their candidates."""
-        return top_only and self.lowrank_head is not None
+        """Whether decodes compute the final hidden states anyway: passes through the low-rank
+        or the batched LM head read them (the probe) before the head."""
+        return (top_only and self.lowrank_head is not None) or self.batched_head is not None
 
     def prefill(self, tokens: list[int], last_logits: bool = False) -> np.ndarray | None:
         """Decode prompt tokens into the cache (embeddings off) in n_batch chunks, with no
@@ -535,6 +561,11 @@ class LlamaTarget(LlamaVocab, Engine):
             if layers:
                 h = np.concatenate([h, *self._layer_rows(n, True)], axis=1)
             return self.lowrank_head.top_logits(h[:, :self.n_embd]), (h if hidden else None)
+        if self.batched_head is not None:
+            h = self._decode_grab(tokens, [True] * n if every else [False] * (n - 1) + [True])
+            if layers:
+                h = np.concatenate([h, *self._layer_rows(n, True)], axis=1)
+            return self.batched_head.logits(h[:, :self.n_embd]), (h if hidden else None)
         self._set_embeddings(hidden)
         self._decode_chunk(tokens, [True] * n if every else [False] * (n - 1) + [True])
         n_out = n if every else 1

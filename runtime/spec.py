@@ -11,10 +11,12 @@ from edgespec.runtime.policies import MAX_DRAFT, POLICIES, FixedK, make_policy
 DRAFT_HELP = ("none, lookup, default (the shipped head + lookup), a head file or checkpoint "
               "folder (+ lookup), head:default or head:PATH for a head alone")
 K_HELP = ("most tokens drafted per step (default: the engine's: 3 on llama.cpp with its full LM "
-          "head (and for sampling), where checking k tokens costs nearly k decodes; 6 with the "
-          f"low-rank LM head (greedy) and on onnxruntime, where it costs far less; at most {MAX_DRAFT})")
-LM_HEAD_HELP = ("llama.cpp targets, greedy decoding: auto (default: the low-rank LM head where a "
-                "basis ships for the target, else full), full (llama.cpp's own), lowrank, or a "
+          "head, where checking k tokens costs nearly k decodes; 6 with the low-rank or batched "
+          f"LM head and on onnxruntime, where it costs far less; at most {MAX_DRAFT})")
+LM_HEAD_HELP = ("llama.cpp targets: auto (default: greedy rows through the low-rank LM head where "
+                "a basis ships for the target, rows that need every logit (sampling) through the "
+                "batched head where the head is Q8_0 or Q4_0, else llama.cpp's), full "
+                "(llama.cpp's own), lowrank, batched (every row through the batched head), or a "
                 "basis file made by `edgespec export lowrank-basis`")
 
 
@@ -48,12 +50,6 @@ class SpecConfig:
         """The draft-length policy of one request on `engine` (FixedK(0) without a drafter)."""
         k = self.draft_k(engine, greedy, drafting)
         return make_policy(self.policy, k, engine, greedy) if k else FixedK(0)
-
-    def engine_lm_head(self, greedy: bool) -> str:
-        """The LM head to open an engine with: sampling reads every logit, so "auto" opens
-        sampling engines with the full LM head (and without the eval callback the low-rank
-        head needs on every decode)."""
-        return "full" if self.lm_head == "auto" and not greedy else self.lm_head
 
 
 def add_spec_args(parser, draft: str | None = "default", many_drafts: bool = False) -> None:

@@ -10,7 +10,7 @@ from edgespec.targets import load_target_spec, resolve_target, spec_from_header
 
 
 def write_tiny_gguf(path, arch="gemma3", n_layer=6, vocab=("<pad>", "<eos>", "<bos>", "a", "b"),
-                    window=8, pattern=None, n_embd=16, token_embd=None, q8_0=False):
+                    window=8, pattern=None, n_embd=16, token_embd=None, q8_0=False, quant=None):
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_embedding_length(n_embd)
@@ -32,11 +32,11 @@ def write_tiny_gguf(path, arch="gemma3", n_layer=6, vocab=("<pad>", "<eos>", "<b
     if token_embd is None:
         token_embd = np.random.default_rng(0).normal(size=(len(vocab), n_embd))
     token_embd = np.asarray(token_embd, dtype=np.float32)
-    if q8_0:  # the tensor type Gemma's shipped file stores its (tied) LM head in
+    if q8_0 or quant:  # Q8_0: the tensor type Gemma's shipped file stores its (tied) LM head in
         from gguf.quants import quantize
 
-        w.add_tensor("token_embd.weight", quantize(token_embd, gguf.GGMLQuantizationType.Q8_0),
-                     raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        qtype = gguf.GGMLQuantizationType[quant or "Q8_0"]
+        w.add_tensor("token_embd.weight", quantize(token_embd, qtype), raw_dtype=qtype)
     else:
         w.add_tensor("token_embd.weight", token_embd)
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))

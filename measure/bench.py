@@ -99,10 +99,10 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
           device: dict | None = None, baseline: str | None = None, lm_head: str = "auto",
           memory: bool = True, background_load: int = 0, peers: tuple[str, ...] = (),
           peer_head: str | None = None) -> dict:
-    """`lm_head`: the target engine's (see LlamaTarget). Where it is the low-rank head and the
-    run is greedy, the method "target" (the reference for every speedup and for "same output as
-    target") decodes the same file with llama.cpp's own full LM head, as plain llama.cpp would,
-    and "target:lowrank" is target-only decoding with the low-rank head. `baseline`: a file of
+    """`lm_head`: the target engine's (see LlamaTarget). Where it is the batched head, or the
+    low-rank head and the run is greedy, the method "target" (the reference for every speedup and
+    for "same output as target") decodes the same file with llama.cpp's own full LM head, as plain
+    llama.cpp would, and "target:batched" / "target:lowrank" is target-only decoding with it. `baseline`: a file of
     the same target (e.g. the shipped GGUF next to an export) decoded target-only with
     llama.cpp's full LM head in the same interleaved run; every method then also gets its
     speedup against it. `memory`: measure each configuration's peak RSS in a fresh process.
@@ -149,11 +149,13 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
             m.k = SpecConfig(k=m.k, policy=m.policy).draft_k(engine, sp.greedy)
     drafters = {m.name: make_drafter(m.draft_name, engine.spec) for m in methods if m.kind != "target"}
     engines = {"main": engine}
-    if engine.engine == "llama.cpp" and engine.lowrank and sp.greedy:
+    own_head = ("lowrank" if engine.lowrank and sp.greedy else
+                "batched" if engine.batched_head is not None else None)
+    if engine.engine == "llama.cpp" and own_head:
         engines["plain"] = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head="full")
         i = next(i for i, m in enumerate(methods) if m.kind == "target")
         methods = [*methods[:i], Method("target", "target", k=0, engine="plain"),
-                   Method("target:lowrank", "target", k=0), *methods[i + 1:]]
+                   Method(f"target:{own_head}", "target", k=0), *methods[i + 1:]]
     if baseline:
         engines["baseline"] = open_target(baseline, n_ctx=n_ctx, n_threads=threads, lm_head="full")
         if engines["baseline"].spec.tokenizer_fingerprint != engine.spec.tokenizer_fingerprint:

@@ -18,6 +18,7 @@ still become a stop string, so it always joins to the non-streamed text.
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 from collections import deque
@@ -34,6 +35,8 @@ from edgespec.runtime.grammar import Grammar
 from edgespec.runtime.engine import Engine
 from edgespec.runtime.sampling import SamplingParams, log_softmax
 from edgespec.runtime.spec import SpecConfig
+
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's "random seed" value
 
 
 class SpeculativeLlama:
@@ -53,7 +56,7 @@ class SpeculativeLlama:
             flash_attn=flash_attn)
         self.model_path = str(self.engine.model_file if self.engine is model_path else model_path)
         self.drafter = make_drafter(draft, self.engine.spec)
-        self.seed = seed
+        self.seed = seed or LLAMA_DEFAULT_SEED  # as llama_cpp.Llama keeps it (0 too)
         self.last_n_tokens_size = last_n_tokens_size
         self.verbose = verbose
         self.last_stats: dict = {}
@@ -162,7 +165,10 @@ class SpeculativeLlama:
         stop = [stop] if isinstance(stop, str) else list(stop or [])
         if logits_processor is not None and not isinstance(logits_processor, (list, tuple)):
             logits_processor = [logits_processor]
-        sp = SamplingParams(seed=self.seed if seed is None else seed,
+        if seed is None:  # llama-cpp-python: each call's seed is drawn from the last one's
+            seed = random.Random(self.seed).randint(0, 2 ** 32)
+        self.seed = seed
+        sp = SamplingParams(seed=seed,
                             penalty_last_n=self.last_n_tokens_size,
                             logits_processor=list(logits_processor) if logits_processor else None,
                             **sampling)

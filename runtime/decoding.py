@@ -138,8 +138,9 @@ class Drafter:
     def drop_hidden(self) -> None:
         """Forget the hidden rows kept so far (the loop skipped some passes' rows)."""
 
-    def set_sampling(self, temperature: float | None, seed: int | None = None) -> None:
-        """The request samples at this temperature (None: greedy)."""
+    def set_sampling(self, sampling: SamplingParams | None, draws=None) -> None:
+        """The request samples with these settings (None: greedy); draws(j): the uniform draw
+        the target will use for the j-th token drafted now (see verify.SampledVerifier)."""
 
 
 class HiddenFeed:
@@ -214,7 +215,9 @@ class Generation:
         self.prompt_hidden = prompt_hidden  # prompt positions whose hidden states the head sees
         self.reuse_prefix = reuse_prefix  # keep the cache's common prefix with this prompt
         if drafter is not None:
-            drafter.set_sampling(None if sampling.greedy else sampling.temperature, sampling.seed)
+            draws = getattr(self.verifier, "draws", None)
+            drafter.set_sampling(None if sampling.greedy else sampling, None if draws is None else
+                                 (lambda j: draws[len(self.token_ids) + j]))
         self.stats = Stats(prompt_tokens=len(prompt), exact=self.verifier.exact)
         self.token_ids: list[int] = []
         self.context: list[int] = []  # every token so far, the pending one included

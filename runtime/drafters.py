@@ -19,7 +19,7 @@ from edgespec.errors import EdgespecError
 from edgespec.runtime.assets import default_head
 from edgespec.runtime.decoding import Draft, Drafter, Limit
 from edgespec.runtime.heads import load_head
-from edgespec.runtime.sampling import draw, softmax
+from edgespec.runtime.sampling import SamplingParams, chain
 from edgespec.targets import embedding_rows
 
 
@@ -127,19 +127,29 @@ class HeadDrafter(Drafter):
         self.embed = embedding_rows(target_spec)
         self.name = str(path)
         self.pending: list[np.ndarray] = []  # hidden rows not yet fed to the head
-        self.temperature: float | None = None  # sampled decoding: drafts drawn from the head
+        self.sampling: SamplingParams | None = None  # sampled decoding: drafts drawn from the head
         self._rng = np.random.default_rng()
+        self._draws = None  # sampled decoding: the target's uniform draw for draft j
         self._one_row_s: float | None = None  # a one-row draft step, seconds (running mean)
         single_thread_blas()
 
-    def set_sampling(self, temperature: float | None, seed: int | None = None) -> None:
-        """Sampled decoding (temperature > 0): each draft is drawn from the head's own
-        distribution at that temperature and reported with it (q), so verification accepts it
-        with probability min(1, p/q), which beats a one-hot argmax draft (accepted with p of
-        that token alone) wherever the head's distribution is near the target's; the law stays
-        the target's either way. None: greedy chains, one-hot. The draws use their own stream."""
-        self.temperature = temperature if temperature and temperature > 0 else None
-        self._rng = np.random.default_rng(None if seed is None or seed < 0 else [seed, 7])
+    def set_sampling(self, sampling: SamplingParams | None, draws=None) -> None:
+        """Sampled decoding: draft j is the token the head's own distribution, cut and tempered
+        as the request cuts the target's (top-k, typical, top-p, min-p, temperature), gives
+        for `draws(j)`, the uniform draw the target's row for that token will use
+        (verify.SampledVerifier): where the head's distribution is near the target's, both
+        pick the same token from the same draw. The target's choice never depends on the
+        draft, so any draft keeps its law. draws None: the head's own random stream. sampling
+        None: greedy chains."""
+        if sampling is None or sampling.greedy:
+            self.sampling = None
+            return
+        self.sampling = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k,
+                                       top_p=sampling.top_p, min_p=sampling.min_p,
+                                       typical_p=sampling.typical_p)
+        seed = sampling.seed
+        self._rng = np.random.default_rng(None if seed is None else [seed, 7])
+        self._draws = draws
 
     def reset(self) -> None:
         self.head.reset()
@@ -184,10 +194,10 @@ class HeadDrafter(Drafter):
         drafts, conf, qs, cache = [], [], [], (h.k, h.v)
         for j in range(k):
             lg = h.last_logits
-            if self.temperature:
-                pr = softmax(lg, self.temperature)
-                best = draw(pr, self._rng)
-                top = float(pr.max())
+            if self.sampling is not None:
+                q = chain(lg, self.sampling)
+                best = q.pick(self._draws(j)) if self._draws else q.draw(self._rng)
+                top = float(q.p.max())
             else:
                 best = int(np.argmax(lg))
                 top = float(1.0 / np.exp(lg - lg[best]).sum())
@@ -196,7 +206,7 @@ class HeadDrafter(Drafter):
             tok = int(self.ids[best])
             drafts.append(tok)
             conf.append(top)
-            qs.append((self.ids, pr) if self.temperature else None)
+            qs.append((self.ids[q.ids], q.p) if self.sampling is not None else None)
             if j + 1 < k:
                 out, cache = h.forward(self.embed[np.array([tok])], out[-1:], n_ctx - 1 + j,
                                        commit=False, cache=cache)
@@ -240,8 +250,8 @@ class MixedDrafter(Drafter):
         if self.single:
             self.single.reset()
 
-    def set_sampling(self, temperature: float | None, seed: int | None = None) -> None:
-        self.head.set_sampling(temperature, seed)
+    def set_sampling(self, sampling: SamplingParams | None, draws=None) -> None:
+        self.head.set_sampling(sampling, draws)
 
     def drop_hidden(self) -> None:
         self.head.drop_hidden()

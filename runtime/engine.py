@@ -31,6 +31,7 @@ class Engine:
     draft_k_sampled: int = 4  # the same for sampling (its rows need every logit)
     lowrank: LowRankInfo | None = None  # the low-rank LM head greedy verification uses, if any
     lowrank_head = None  # its scorer, on engines that run it next to llama.cpp
+    batched_head = None  # the LM head every row goes through, on llama.cpp engines that have one
     n_seq: int = 1  # sequences the cache holds (batch slots decode them together)
 
     # -- required -------------------------------------------------------------------------------

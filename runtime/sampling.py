@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,11 +95,16 @@ def adjusted(logits: np.ndarray, p: SamplingParams, recent=(), ids=()) -> np.nda
 
 @dataclass
 class Dist:
-    """A distribution over token ids: the tokens the chain keeps and their probabilities
-    (every other token has probability 0)."""
+    """A distribution over token ids: the tokens the chain keeps, in the order llama.cpp's
+    candidate array holds them when its final draw runs, and their weights as that draw
+    computes them (every other token has probability 0)."""
 
     ids: np.ndarray  # int64 [n]
-    p: np.ndarray  # float64 [n], sums to 1
+    w: np.ndarray  # float32 [n]: expf(logit / temperature - the largest), llama.cpp's dist weights
+
+    @property
+    def p(self) -> np.ndarray:
+        return self.w.astype(np.float64) / self.w.sum(dtype=np.float64)
 
     def prob(self, token: int) -> float:
         return float(self.p[self.ids == token].sum())
@@ -108,53 +114,90 @@ class Dist:
         out[self.ids] = self.p
         return out
 
+    def pick(self, u: float) -> int:
+        """The token llama.cpp's dist sampler picks for its uniform draw u: the first whose
+        running weight (summed in float64, in this order) reaches u times the total."""
+        cum = np.cumsum(self.w, dtype=np.float64)
+        return int(self.ids[min(int(np.searchsorted(cum, cum[-1] * u, side="left")), cum.size - 1)])
+
     def draw(self, rng: np.random.Generator) -> int:
-        return int(self.ids[draw(self.p, rng)])
+        return self.pick(rng.random())
+
+
+class LlamaDraws:
+    """The uniform draws of llama.cpp's dist sampler for one request: std::mt19937(seed) and
+    one std::uniform_real_distribution<double>(0, 1) draw per generated token (two 32-bit
+    words, (w1 + w2 * 2^32) / 2^64, as libstdc++'s generate_canonical makes it). Token i of a
+    generation is chosen with draw i whatever was drafted, so sampled text depends on the seed
+    alone, and equals llama_cpp.Llama's for the same seed (up to float rounding of the logits).
+    seed None or 0xFFFFFFFF (llama.cpp's LLAMA_DEFAULT_SEED): a random one; others are taken
+    modulo 2^32, as llama.cpp's uint32 seed."""
+
+    def __init__(self, seed: int | None):
+        seed = None if seed is None else seed % 2 ** 32
+        if seed is None or seed == 0xFFFFFFFF:
+            seed = int.from_bytes(os.urandom(4), "little")
+        self._rs = np.random.RandomState(seed)  # the same generator, seeded as std::mt19937(seed)
+        self._u = np.empty(0)
+
+    def __getitem__(self, i: int) -> float:
+        while i >= self._u.size:
+            words = self._rs.randint(0, 2 ** 32, size=128, dtype=np.uint32).astype(np.float64)
+            u = (words[0::2] + words[1::2] * 4294967296.0) / 18446744073709551616.0
+            self._u = np.concatenate([self._u, np.minimum(u, np.nextafter(1.0, 0.0))])
+        return float(self._u[i])
 
 
 def chain(logits: np.ndarray, p: SamplingParams, recent=(), grammar=None, ids=()) -> Dist:
     """llama.cpp's sampler chain (see SamplingParams; a grammar masks right after the
-    penalties, where llama-cpp-python puts it) on one row of logits [V].
+    penalties, where llama-cpp-python puts it) on one row of logits [V], in float32 as its
+    samplers compute.
 
     Truncates first: the top-k tokens (or, without top-k, the most likely tokens up to what
     top-p and min-p can keep) are found with one pass over the row, and every later cut, the
-    temperature and the probabilities work on those survivors only, as llama.cpp's samplers
-    do; no full-vocabulary float64 array is made. Without top-k, top-p's mass is taken over
-    the whole vocabulary (one float32 pass)."""
+    temperature and the weights work on those survivors only, as llama.cpp's samplers do; no
+    full-vocabulary float64 array is made. Without top-k, top-p's mass is taken over the whole
+    vocabulary (one float32 pass). The survivors keep llama.cpp's order: most likely first
+    after top-k or top-p, the typical order after typical sampling alone, else token order."""
     x = adjusted(logits, p, recent, ids) if p.adjusts_logits else np.asarray(logits, np.float32)
     if grammar is not None:
-        x = grammar.mask(x)
-    top = float(x.max())
+        x = grammar.mask(x).astype(np.float32)
+    top = x.max()
     if not np.isfinite(top):
         raise EdgespecError("no token is allowed here (every logit is -inf)")
-    mass = None  # top-p's denominator when it is not the survivors' own: exp(x - top) summed
+    mass = None  # top-p's denominator when it is not the survivors' own (no top-k)
     if p.top_k and p.top_k < x.size:
-        sel = _at_least(x, top, p.top_k)
+        sel = _at_least(x, float(top), p.top_k)
         if sel.size > p.top_k:  # keep the k largest (and any tied with the k-th)
             kth = np.partition(x[sel], -p.top_k)[-p.top_k]
             sel = sel[x[sel] >= kth]
     elif p.typical_p < 1.0 or (p.top_p >= 1.0 and p.min_p <= 0.0):
         sel = np.flatnonzero(np.isfinite(x))  # the cuts that follow need every token
     elif p.top_p >= 1.0:
-        sel = np.flatnonzero(x >= top + np.log(p.min_p))  # min-p alone: a floor
+        sel = np.flatnonzero(x >= top + np.log(np.float32(p.min_p)))  # min-p alone: a floor
     else:
-        mass = float(np.exp(x - np.float32(top)).sum(dtype=np.float64))
-        sel = _top_p_room(x, top, p, mass)
-    vals = x[sel].astype(np.float64)
-    if p.typical_p < 1.0:
-        keep = _typical(_softmax(vals), p.typical_p)
-        sel, vals = sel[keep], vals[keep]
-    if p.top_p < 1.0:  # the most likely first, up to top_p of the mass
+        mass = np.cumsum(np.exp(x - top), dtype=np.float32)[-1]  # summed in token order
+        sel = _top_p_room(x, float(top), p, float(mass))
+    vals = x[sel]
+    if p.top_k or p.top_p < 1.0:  # llama.cpp sorts: most likely first
         order = np.argsort(-vals, kind="stable")
         sel, vals = sel[order], vals[order]
-        e = np.exp(vals - top)
-        cum = np.cumsum(e) / (e.sum() if mass is None else mass)
-        n = min(int(np.searchsorted(cum, p.top_p)) + 1, vals.size)
+    if p.typical_p < 1.0:
+        keep = _typical(_softmax(vals.astype(np.float64)), p.typical_p)
+        sel, vals = sel[keep], vals[keep]
+        if p.top_p < 1.0:
+            order = np.argsort(-vals, kind="stable")
+            sel, vals = sel[order], vals[order]
+    if p.top_p < 1.0:  # up to top_p of the mass, in float32 as llama.cpp sums it
+        e = np.exp(vals - vals.max())
+        pr = e / (np.cumsum(e, dtype=np.float32)[-1] if mass is None else mass * np.exp(top - vals.max()))
+        n = min(int(np.searchsorted(np.cumsum(pr, dtype=np.float32), np.float32(p.top_p))) + 1, vals.size)
         sel, vals = sel[:n], vals[:n]
     if p.min_p > 0.0:
-        keep = vals >= vals.max() + np.log(p.min_p)
+        keep = vals >= vals.max() + np.log(np.float32(p.min_p))
         sel, vals = sel[keep], vals[keep]
-    return Dist(sel.astype(np.int64), _softmax(vals / max(p.temperature, 1e-8)))
+    t = vals / np.float32(max(p.temperature, 1e-8))
+    return Dist(sel.astype(np.int64), np.exp(t - t.max()))
 
 
 def _at_least(x: np.ndarray, top: float, n: int) -> np.ndarray:
@@ -222,9 +265,3 @@ def sample(logits: np.ndarray, p: SamplingParams, rng: np.random.Generator, rece
             return top
         return int(np.argmax(grammar.mask(x)))
     return chain(logits, p, recent, grammar, ids).draw(rng)
-
-
-def draw(dist: np.ndarray, rng: np.random.Generator) -> int:
-    """Inverse-CDF draw; avoids rng.choice's O(V) validation on a 262k vocabulary."""
-    cdf = np.cumsum(dist)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), dist.size - 1))

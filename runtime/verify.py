@@ -7,8 +7,9 @@ gets a `Verdict` back. Variants:
                      penalised, grammar-constrained logits where the request asks for those)
     ExactVerifier    greedy, at most `max_rows` rows a pass, on an engine whose batches of that
                      many rows give one-token numbers: the text is plain greedy decoding's
-    SampledVerifier  accept draft d with probability min(1, p(d)/q(d)), on rejection draw from
-                     norm(max(0, p - q)), after a full accept a bonus token from p
+    SampledVerifier  each row's token is the one llama.cpp's sampler draws for that position
+                     (its chain, its dist draw from the request's seed); a draft stands where
+                     it is that token
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.runtime.sampling import Dist, SamplingParams, chain, log_softmax, sample
+from edgespec.runtime.sampling import LlamaDraws, SamplingParams, chain, log_softmax, sample
 
 
 @dataclass
@@ -55,9 +56,8 @@ class Verifier:
 
     def allows(self, drafts: list[int], q: list) -> int:
         """How many of these drafts, in order, the grammar lets through (checked on a copy of
-        it). Only one-hot drafts are cut: a draft drawn from a reported q must reach
-        verification as drawn (p(d) = 0 rejects it there) for the rejection rule to stay exact."""
-        if self.grammar is None or not drafts or any(x is not None for x in q[:len(drafts)]):
+        it): a draft the grammar forbids cannot be the token a row chooses."""
+        if self.grammar is None or not drafts:
             return len(drafts)
         g = self.grammar.clone()
         try:
@@ -122,8 +122,9 @@ class GreedyVerifier(Verifier):
 
 class ExactVerifier(GreedyVerifier):
     """Greedy on an engine whose decodes of up to `rows` tokens give each row the numbers of
-    one-token decodes (`Engine.invariant_batch`); verification reads the full LM head, a pass
-    checks at most `rows` rows and the prompt is prefilled as llama_cpp.Llama does it."""
+    one-token decodes (`Engine.invariant_batch`); verification reads every logit (llama.cpp's
+    head, or the batched head whose logits are llama.cpp's to float rounding), a pass checks at
+    most `rows` rows and the prompt is prefilled as llama_cpp.Llama does it."""
 
     exact = True
 
@@ -133,40 +134,26 @@ class ExactVerifier(GreedyVerifier):
 
 
 class SampledVerifier(Verifier):
+    """Row i chooses the token llama.cpp's sampler would choose for the generation's token n + i
+    (n tokens generated before the pass): the chain's survivors, then its dist draw with the
+    request's draw n + i (`LlamaDraws`). A draft stands where it is that token. Every token is
+    thus a draw from the target's distribution with the draw llama_cpp.Llama uses at that
+    position: the text depends on the seed alone, not on what was drafted, and a one-hot
+    draft d is accepted with probability p(d), as the rejection rule would accept it."""
+
     def __init__(self, sampling: SamplingParams, grammar=None, logprobs: int | None = None,
                  stopping=None):
         super().__init__(sampling, grammar, logprobs, stopping)
-        self.rng = np.random.default_rng(sampling.seed)
+        self.draws = LlamaDraws(sampling.seed)
 
     def accept(self, logits, drafts, q, context, emitted) -> tuple[int, int]:
-        sp, rng = self.sampling, self.rng
-        for i, d in enumerate(drafts):
-            p = chain(logits[i], sp, self._recent(emitted, drafts, i), self.grammar,
+        n, at = len(drafts), len(emitted)
+        for i in range(n + 1):  # row n (after every draft) always decides
+            d = chain(logits[i], self.sampling, self._recent(emitted, drafts, i), self.grammar,
                       self._ids(context, drafts, i))
-            qi = q[i] if i < len(q) else None
-            qd = 1.0 if qi is None else float(qi[1][qi[0] == d].sum())
-            if qd > 0 and rng.random() < min(1.0, p.prob(d) / qd):
-                self._take(d)
-                continue
-            return i, self._take(_residual(p, d, qi).draw(rng))
-        n = len(drafts)
-        return n, self._take(sample(logits[n], sp, rng, self._recent(emitted, drafts, n),
-                                    self.grammar, self._ids(context, drafts, n)))
-
-
-def _residual(p: Dist, d: int, qi) -> Dist:
-    """norm(max(0, p - q)) after draft d (drawn from q; None: q is one-hot at d) was
-    rejected. It lives on p's support; where p == q exactly, any draw from p is right."""
-    if qi is None:
-        r = np.where(p.ids == d, 0.0, p.p)
-    else:
-        on = np.isin(qi[0], p.ids)  # q's mass on p's support (q may list a token twice)
-        order = np.argsort(p.ids)
-        q_at = np.zeros(p.ids.size)
-        np.add.at(q_at, order[np.searchsorted(p.ids, qi[0][on], sorter=order)], qi[1][on])
-        r = np.maximum(p.p - q_at, 0.0)
-    total = r.sum()
-    return Dist(p.ids, r / total) if total > 0 else p
+            tok = self._take(d.pick(self.draws[at + i]))
+            if i == n or tok != drafts[i]:
+                return i, tok
 
 
 def make_verifier(target, sampling: SamplingParams, grammar=None, logprobs: int | None = None,

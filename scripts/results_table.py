@@ -242,8 +242,9 @@ def summary_table(paths: list[Path]) -> str:
         ref = r["methods"]["target"]
         engine = r["target"].get("engine", "llama.cpp")
         head = "low-rank (greedy)" if "rank-" in r["target"]["lm_head_type"] else "full"
-        # since the bench added "target:lowrank", its "target" row is plain llama.cpp
-        target_row = "plain llama.cpp" if "target:lowrank" in r["methods"] else f"{engine}, {head} head"
+        # since the bench added "target:lowrank" / "target:batched", its "target" row is plain llama.cpp
+        own_head = "target:lowrank" in r["methods"] or "target:batched" in r["methods"]
+        target_row = "plain llama.cpp" if own_head else f"{engine}, {head} head"
         st = r["settings"]
         cond = ", ".join([f"T={st.get('temperature', 0.0)}"]
                          + ([f"{st['background_load']} CPU hog(s)"] if st.get("background_load") else []))
@@ -488,6 +489,7 @@ def headline_table(path: Path) -> str:
                      f"{c['speedup_vs_server_plain']:.2f}x / {c['speedup_total_vs_server_plain']:.2f}x "
                      "(vs its own plain decoding)", "-", "-"])
     labels = {"target:lowrank": "edgespec, no drafting (low-rank LM head)",
+              "target:batched": "edgespec, no drafting (batched LM head)",
               "lookup": "edgespec prompt lookup (cost policy)",
               "edgespec": "edgespec default (shipped head + lookup)"}
     for name, label in labels.items():

@@ -170,7 +170,7 @@ def test_a_head_reports_its_step_without_the_catch_up(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(drafters, "time", clock)
     d = HeadDrafter.__new__(HeadDrafter)
-    d.head, d.ids, d.pending, d.temperature = SlowHead(clock), np.array([5, 6, 7]), [], None
+    d.head, d.ids, d.pending, d.sampling = SlowHead(clock), np.array([5, 6, 7]), [], None
     d.embed, d._one_row_s, d.name = np.zeros((32, 2), np.float32), None, "slow"
     ctx = list(range(9))
     first = d.propose(ctx[:3], np.zeros((2, 2), np.float32), 3)  # prompt rows, then 2 steps

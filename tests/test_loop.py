@@ -81,20 +81,23 @@ def test_head_drafters_in_the_loop_are_lossless_and_feed_every_row(head_ckpt, mi
     assert st.by_source[head.source][1] > 0 or (mixed and st.by_source.get("lookup", [0, 0])[1] > 0)
 
 
-def test_head_drafter_sampling_keeps_target_distribution(head_ckpt):
-    """When sampling, the head draws its drafts from its own distribution and reports it (q):
-    the rejection rule min(1, p/q), with the residual max(0, p - q), must keep the target's
-    joint distribution of the first two tokens (chi-square)."""
+@pytest.mark.parametrize("sp_kw", [{"temperature": 1.0},
+                                   {"temperature": 0.8, "top_k": 4, "top_p": 0.9, "min_p": 0.05}])
+def test_head_drafter_sampling_keeps_target_distribution(head_ckpt, sp_kw):
+    """When sampling, the head draws its drafts from its own distribution under the request's
+    cuts and reports it (q): the rejection rule min(1, p/q), with the residual max(0, p - q),
+    must keep the target's joint distribution of the first two tokens (chi-square)."""
     spec, _, ckpt = head_ckpt
     drafter = HeadDrafter(ckpt, spec)
     probe = HeadDrafter(ckpt, spec)
-    probe.set_sampling(0.8, 0)
+    probe.set_sampling(SamplingParams(seed=0, **sp_kw))
     d = probe.propose([1, 2, 3], np.ones((2, N_EMBD), np.float32), 2)
     assert len(d.tokens) == 2 and all(q is not None and abs(q[1].sum() - 1) < 1e-9 for q in d.q)
+    if "top_k" in sp_kw:  # q is cut as the target's p is: at most top_k tokens
+        assert all(len(q[0]) <= sp_kw["top_k"] for q in d.q)
     probe.set_sampling(None)
     probe.reset()
     assert all(q is None for q in probe.propose([1, 2, 3], np.ones((2, N_EMBD), np.float32), 2).q)
-    sp_kw = {"temperature": 1.0}
     n, counts = 3000, {}
     for seed in range(n):
         t = MockTarget(vocab=6, seed=11, sharp=1.0, n_embd=N_EMBD)
@@ -290,3 +293,22 @@ def test_each_head_file_drafts_under_a_name_of_its_own(head_ckpt, tmp_path):
     assert isinstance(a, MixedDrafter) and isinstance(a2, HeadDrafter)
     assert a.source == a2.source == a.head.source != b.source
     assert a.source.startswith("head:") and a.source != "head"
+
+
+def test_sampled_text_depends_on_the_seed_not_on_the_drafts():
+    """Each token is the target's draw for its position: with the same seed, no drafts, right
+    drafts and wrong drafts give the same text; another seed another one."""
+    sp = dict(temperature=0.9, top_k=5, top_p=0.95)
+
+    def run(seed, drafter):
+        t = MockTarget(vocab=12, seed=3, sharp=1.0)
+        d = None if drafter is None else NoisyOracle(t, err=drafter, seed=99)
+        g = Generation(t, [1, 2], SamplingParams(seed=seed, **sp), max_tokens=24, drafter=d,
+                       policy=FixedK(3 if d else 0))
+        return [tok for tok, _ in g], g.stats
+
+    plain, _ = run(5, None)
+    for err in (0.0, 0.5, 1.0):
+        toks, st = run(5, err)
+        assert toks == plain and st.drafted > 0
+    assert run(6, None)[0] != plain

@@ -19,7 +19,7 @@ def engines():
     from edgespec.runtime.llama_target import LlamaTarget
 
     full = LlamaTarget("gemma3-270m", n_ctx=1024, lm_head="full")
-    lr = LlamaTarget("gemma3-270m", n_ctx=1024, lm_head="auto", spec=full.spec)
+    lr = LlamaTarget("gemma3-270m", n_ctx=1024, lm_head="lowrank", spec=full.spec)
     yield full, lr
     full.close()
     lr.close()

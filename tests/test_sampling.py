@@ -36,10 +36,11 @@ def llama_cpp_distribution(logits: np.ndarray, sp: SamplingParams, recent: list[
     cur = lc.llama_token_data_array(ctypes.cast(data, ctypes.POINTER(lc.llama_token_data)), V, -1, False)
     lc.llama_sampler_apply(chain, ctypes.byref(cur))
     ids = np.array([cur.data[i].id for i in range(cur.size)])
-    kept = np.array([cur.data[i].logit for i in range(cur.size)], np.float64)
+    kept = np.array([cur.data[i].logit for i in range(cur.size)], np.float32)
     lc.llama_sampler_free(chain)
     out = np.zeros(V)
     live = np.isfinite(kept)
+    # the weights llama.cpp's dist sampler draws with: expf(logit - max), in float32
     out[ids[live]] = np.exp(kept[live] - kept[live].max())
     return out / out.sum()
 
@@ -123,3 +124,30 @@ def test_bad_sampling_settings_are_clear_errors():
                 dict(penalty_last_n=-1)):
         with pytest.raises(EdgespecError):
             SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 42, 2 ** 31, 4_000_000_000])
+def test_draws_are_llama_cpps_dist_sampler(seed):
+    """LlamaDraws + Dist.pick choose what llama.cpp's own chain (llama-cpp-python's defaults,
+    its dist sampler seeded with `seed`) chooses, token for token over 40 draws."""
+    from edgespec.runtime.sampling import LlamaDraws
+
+    rng = np.random.default_rng(seed % 1000)
+    rows = [(rng.normal(size=V) * 2.5).astype(np.float32) for _ in range(40)]
+    sp = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=seed)
+    ch = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+    for s in (lc.llama_sampler_init_top_k(40), lc.llama_sampler_init_typical(1.0, 1),
+              lc.llama_sampler_init_top_p(0.95, 1), lc.llama_sampler_init_min_p(0.05, 1),
+              lc.llama_sampler_init_temp(0.8), lc.llama_sampler_init_dist(seed)):
+        lc.llama_sampler_chain_add(ch, s)
+    theirs = []
+    for row in rows:
+        data = (lc.llama_token_data * V)(*[lc.llama_token_data(i, float(x), 0.0) for i, x in enumerate(row)])
+        cur = lc.llama_token_data_array(ctypes.cast(data, ctypes.POINTER(lc.llama_token_data)), V, -1, False)
+        lc.llama_sampler_apply(ch, ctypes.byref(cur))
+        theirs.append(cur.data[cur.selected].id)
+    lc.llama_sampler_free(ch)
+    draws = LlamaDraws(seed)
+    ours = [chain(row, sp).pick(draws[i]) for i, row in enumerate(rows)]
+    assert ours == theirs
+    assert len(set(ours)) > 3  # it sampled, not argmax

@@ -549,8 +549,10 @@ def _cmd_export(args) -> int:
     if args.kind == "target":
         from edgespec.exporters.target import export_target
 
-        r = export_target(args.source, args.out, head_type=args.head_type, threads=args.threads,
-                          check=not args.no_check, mode=args.mode)
+        quant = args.quant.upper() if args.quant else None
+        r = export_target(args.source, args.out, threads=args.threads, check=not args.no_check,
+                          mode=args.mode, quant=quant,
+                          head_type=args.head_type or (None if quant else "Q4_0"))
     elif args.kind == "onnx-target":
         from edgespec.exporters.onnx_target import export_onnx_target
 
@@ -610,8 +612,10 @@ def _args_export(s) -> None:
     s.add_argument("source", help="head checkpoint folder, or a target for `target`")
     s.add_argument("--out", required=True)
     s.add_argument("--quant", default=None, help="gguf: f16, q8_0 (default), q4_0; llama-cpp: f16, "
-                   "q8_0 (default); onnx, onnx-target: fp32, int8 (default), int4")
-    s.add_argument("--head-type", default="Q4_0", help="target: LM head tensor type")
+                   "q8_0 (default); onnx, onnx-target: fp32, int8 (default), int4; target: "
+                   "re-quantize the trunk's weights to Q4_0, Q5_0, Q8_0 or IQ4_NL (types "
+                   "llama.cpp batches well on CPUs; the LM head keeps its type)")
+    s.add_argument("--head-type", default=None, help="target: LM head tensor type (default Q4_0)")
     s.add_argument("--verifier", default=None,
                    help="speculators: the target's Hugging Face id or path for vLLM (default: "
                         "the repository the target's GGUF names, else its name)")

@@ -1,6 +1,15 @@
-"""Verify-friendly target export: re-write a target GGUF with a cheaper LM head.
+"""Verify-friendly target export: re-write a target GGUF with a cheaper LM head, or with weights
+of a type llama.cpp's CPU kernels batch well.
 
     edgespec export target gemma3-270m --out gemma3-270m-q4head.gguf [--head-type Q4_0]
+    edgespec export target smollm2-135m --quant Q4_0 --out smollm2-q4_0.gguf
+
+`--quant TYPE` re-quantizes the transformer's weight matrices (the LM head and embeddings keep
+their type unless --head-type says otherwise) with llama.cpp's own quantizer: on AVX2 CPUs
+llama.cpp multiplies several rows at once efficiently only for some block types (llamafile's
+sgemm: Q8_0, Q4_0, Q5_0, IQ4_NL; repacked kernels: Q4_0, IQ4_NL), so a file in another type
+(SmolLM2's Q4_1) pays nearly a decode per verified row. Re-quantizing from quantized weights
+loses a little more: the report gives the agreement with the source.
 
 Checking k drafted tokens needs the target's logits at k + 1 positions, and on CPU the
 262k-row LM head dominates that cost. This export keeps every other tensor byte for
@@ -27,6 +36,42 @@ from edgespec.runtime.policies import verify_cost_curve
 from edgespec.targets import load_target_spec
 
 HEAD_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "BF16", "F16")
+# --quant: llama.cpp file types whose blocks its AVX2 kernels batch (see the module doc)
+QUANT_FTYPES = {"Q4_0": 2, "Q8_0": 7, "Q5_0": 8, "IQ4_NL": 25}
+
+
+def requantize_weights(src: str | Path, out: str | Path, quant: str, threads: int = 0) -> None:
+    """Every weight matrix of the trunk to `quant` (llama.cpp's llama_model_quantize, from the
+    source's own values); token_embd and output keep their types; written atomically."""
+    import llama_cpp as lc
+
+    if quant not in QUANT_FTYPES:
+        raise EdgespecError(f"unknown --quant {quant} for a target; choose from {', '.join(QUANT_FTYPES)}")
+    header = read_header(src)
+    params = lc.llama_model_quantize_default_params()
+    params.nthread = threads
+    params.ftype = QUANT_FTYPES[quant]
+    params.allow_requantize = True
+    params.token_embedding_type = GGMLQuantizationType[header.tensors["token_embd.weight"].type_name].value
+    if "output.weight" in header.tensors:
+        params.output_tensor_type = GGMLQuantizationType[header.tensors["output.weight"].type_name].value
+    else:
+        params.quantize_output_tensor = False
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        rc = lc.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+        if rc != 0:
+            raise EdgespecError(f"llama.cpp could not re-quantize {src} to {quant} (code {rc})")
+        got = read_header(tmp).tensors
+        if got["token_embd.weight"].type_name != header.tensors["token_embd.weight"].type_name:
+            raise EdgespecError("the export changed the embeddings' type")
+        os.replace(tmp, out)
+    except OSError as e:
+        raise EdgespecError(f"{out}: write failed ({e.strerror})") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def rewrite_lm_head(src: str | Path, out: str | Path, head_type: str, threads: int = 0) -> None:
@@ -149,10 +194,12 @@ def top1_agreement(a, b, texts: list[str], max_tokens: int = 2048) -> float:
     return same / max(total, 1)
 
 
-def export_target(target: str, out: str | Path, head_type: str = "Q4_0", threads: int | None = None,
-                  check: bool = True, k_max: int = 8, mode: str = "untie") -> dict:
+def export_target(target: str, out: str | Path, head_type: str | None = "Q4_0", threads: int | None = None,
+                  check: bool = True, k_max: int = 8, mode: str = "untie", quant: str | None = None) -> dict:
     """mode: "untie" adds a separate LM head (inputs unchanged; tied models only),
-    "requantize" re-quantizes the existing LM head tensor in place (inputs change too when tied)."""
+    "requantize" re-quantizes the existing LM head tensor in place (inputs change too when tied).
+    quant: re-quantize the trunk's weights to this type instead (head_type None: the LM head
+    keeps its type)."""
     from edgespec.training.data import held_out_passages
     from edgespec.runtime.llama_target import LlamaTarget
 
@@ -160,16 +207,26 @@ def export_target(target: str, out: str | Path, head_type: str = "Q4_0", threads
     out = Path(out)
     if out.resolve() == Path(spec.path).resolve():
         raise EdgespecError("--out must differ from the target file")
-    if not out.parent.exists():
+    if not out.parent.is_dir():
         raise EdgespecError(f"{out.parent}: no such folder")
+    if quant is not None and quant not in QUANT_FTYPES:
+        raise EdgespecError(f"unknown --quant {quant} for a target; choose from {', '.join(QUANT_FTYPES)}")
+    if not os.access(out.parent, os.W_OK):
+        raise EdgespecError(f"{out.parent}: not writable")
     t0 = time.time()
-    if mode == "untie" and spec.tied_embeddings:
+    if quant is not None:
+        if head_type is not None:
+            raise EdgespecError("--quant re-quantizes the trunk and keeps the LM head; give "
+                                "--head-type in a second export")
+        requantize_weights(spec.path, out, quant)
+    elif mode == "untie" and spec.tied_embeddings:
         add_untied_head(spec.path, out, head_type)
     elif mode in ("untie", "requantize"):
         rewrite_lm_head(spec.path, out, head_type)
     else:
         raise EdgespecError(f"unknown export mode {mode}; choose untie or requantize")
-    report = {"source": spec.path, "out": str(out), "head_type": head_type, "mode": mode,
+    report = {"source": spec.path, "out": str(out), "head_type": head_type or spec.lm_head_type,
+              "mode": f"quant {quant}" if quant else mode,
               "source_head_type": spec.lm_head_type, "export_s": round(time.time() - t0, 1),
               "size_source": os.path.getsize(spec.path), "size_out": os.path.getsize(out)}
     if check:

@@ -10,20 +10,20 @@ prompt prefill runs with embeddings off; rolling a sliding-window cache back fur
 silently corrupts logits, so `truncate` checks `llama_memory_seq_pos_min` and re-decodes the
 kept tokens when the cache no longer covers them.
 
-Greedy decoding with a low-rank LM head (runtime/lowrank.py; `lm_head="lowrank"`, or "auto" where
-a basis ships and the batched head below cannot take the target's head): an eval callback (`cb_eval`) copies the final hidden states
+Greedy decoding with a low-rank LM head (runtime/lowrank.py; `lm_head="auto"` takes it where a
+basis ships for the target): an eval callback (`cb_eval`) copies the final hidden states
 ("result_norm", after the output norm) out of the graph and stops the computation there, so
 llama.cpp never runs its 262k-wide LM head; the low-rank head picks each row's candidates and
 computes their logits as llama.cpp would. Hidden states come out this way too, without
 embeddings mode and without any logits (`hidden_states`). The callback runs Python for every
 graph node of every decode, so it is installed only on engines that read hidden states this way.
 
-With `lm_head="auto"` on a target whose LM head is Q8_0 or Q4_0 and at least half the model
-(Gemma 3 270M; not SmolLM2-135M, whose trunk dominates), every
-decode takes the same cut and then the batched LM head (runtime/batched_head.py): llama.cpp's own
-LM-head rows in one onnxruntime pass for all rows of a verify decode (llama.cpp's CPU kernels
-make each further row cost nearly a decode), with llama.cpp's logits to float rounding, so greedy
-and sampled verification both read the target's true distribution.
+Rows that need every logit (sampling; greedy with logprobs, grammar or penalties) take the same
+cut and then the batched LM head (runtime/batched_head.py; `lm_head="auto"` where the target's
+head is Q8_0 or Q4_0 and at least half the model: Gemma 3 270M, not SmolLM2-135M, whose trunk
+dominates): llama.cpp's own LM-head rows in one onnxruntime pass for all rows of a verify
+decode (llama.cpp's CPU kernels make each further row cost nearly a decode), with llama.cpp's
+logits to float rounding, so sampled verification reads the target's true distribution.
 """
 
 from __future__ import annotations
@@ -196,13 +196,12 @@ class LlamaTarget(LlamaVocab, Engine):
                  n_batch: int = 512, swa_full: bool = False, spec: TargetSpec | None = None,
                  lm_head: str = "auto", probe: bool = False, n_seq: int = 1,
                  flash_attn: bool | None = None):
-        """lm_head: "auto" (the batched head where the target's head type allows and the head is
-        at least half the model (`batched_head.pays`): llama.cpp's logits, cheaper for several
-        rows; else the low-rank head for greedy rows where a basis
-        ships; else llama.cpp's own), "full" (llama.cpp's own LM head, always), "batched",
-        "lowrank" (greedy rows through the low-rank search: faster, but the top token is missed
-        where it is not among the candidates; a basis must ship; other rows on llama.cpp's
-        head), or a basis file (.npz) for the low-rank head. probe: read hidden states through the eval callback even without a
+        """lm_head: "auto" (greedy rows that need only their top token through the low-rank
+        search where a basis ships; rows that need every logit (sampling, logprobs, grammar)
+        through the batched head where the head's type allows and it is at least half the model
+        (`batched_head.pays`); llama.cpp's own head for the rest), "full" (llama.cpp's own LM
+        head, always), "batched" (the batched head for every row), "lowrank" (a basis must
+        ship; other rows on llama.cpp's head), or a basis file (.npz) for the low-rank head. probe: read hidden states through the eval callback even without a
         low-rank head (`hidden_states`). n_seq: sequences the cache holds (`decode_parts`; the
         single-sequence methods use sequence 0); n_ctx cells are shared by all of them.
         flash_attn: None lets llama.cpp choose (it takes flash attention on CPUs), False is
@@ -210,7 +209,7 @@ class LlamaTarget(LlamaVocab, Engine):
         self.spec = spec or load_target_spec(target)
         self.model_file = Path(self.spec.path)
         batched = lm_head == "batched" or (lm_head == "auto" and batched_pays(self.spec))
-        basis = None if batched else self._basis(lm_head)
+        basis = self._basis(lm_head)
         if lm_head == "batched" and not batched_supported(self.spec):
             raise EdgespecError(f"--lm-head batched: {self.spec.name}'s LM head is "
                                 f"{self.spec.lm_head_type}; it takes Q8_0 or Q4_0 heads")

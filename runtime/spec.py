@@ -13,13 +13,12 @@ DRAFT_HELP = ("none, lookup, default (the shipped head + lookup), a head file or
 K_HELP = ("most tokens drafted per step (default: the engine's: 3 on llama.cpp with its full LM "
           "head, where checking k tokens costs nearly k decodes; 6 with the low-rank or batched "
           f"LM head and on onnxruntime, where it costs far less; at most {MAX_DRAFT})")
-LM_HEAD_HELP = ("llama.cpp targets: auto (default: the batched head, llama.cpp's own LM-head rows "
-                "for every verified row in one onnxruntime pass, where the head is Q8_0 or Q4_0 and at "
-                "least half the model; "
-                "else lowrank where a basis ships; else full), full (llama.cpp's own), batched, "
-                "lowrank (greedy rows through a low-rank search: faster, misses the top token "
-                "where it is not among the candidates), or a basis file made by "
-                "`edgespec export lowrank-basis`")
+LM_HEAD_HELP = ("llama.cpp targets: auto (default: greedy rows through the low-rank search where "
+                "a basis ships; rows that need every logit, as sampling does, through the "
+                "batched head (llama.cpp's own LM-head rows, every row of a pass in one "
+                "onnxruntime call) where the head is Q8_0 or Q4_0 and at least half the model; "
+                "else llama.cpp's), full (llama.cpp's own), batched (every row through it), "
+                "lowrank, or a basis file made by `edgespec export lowrank-basis`")
 
 
 @dataclass

@@ -241,7 +241,8 @@ def summary_table(paths: list[Path]) -> str:
         r = json.loads(path.read_text())
         ref = r["methods"]["target"]
         engine = r["target"].get("engine", "llama.cpp")
-        head = "low-rank (greedy)" if "rank-" in r["target"]["lm_head_type"] else "full"
+        lm = r["target"]["lm_head_type"]
+        head = "low-rank (greedy)" if "rank-" in lm else "batched" if "onnxruntime pass" in lm else "full"
         # since the bench added "target:lowrank" / "target:batched", its "target" row is plain llama.cpp
         own_head = "target:lowrank" in r["methods"] or "target:batched" in r["methods"]
         target_row = "plain llama.cpp" if own_head else f"{engine}, {head} head"

@@ -106,22 +106,22 @@ def test_generate_with_default_head_and_bench(tmp_path):
     assert d["tokens"] == d["accepted"] + d["verify_passes"]
     assert d["mean_accepted"] == pytest.approx(d["tokens"] / d["verify_passes"], abs=1e-4)
     assert d["speedup"] == pytest.approx(d["tokens_per_s"] / d["target_only_tokens_per_s"], rel=1e-2)
-    assert isinstance(d["same_as_target"], bool) and "onnxruntime pass" in d["lm_head"]
+    assert isinstance(d["same_as_target"], bool) and "rank-256 search" in d["lm_head"]
     out = tmp_path / "b.json"
     res = edgespec("bench", "--target", "gemma3-270m", "--limit", "2", "--max-new-tokens", "8",
                    "--baseline", "gemma3-270m", "--json", str(out))
     assert res.returncode == 0, res.stderr
     rep = json.loads(out.read_text())
-    # the batched LM head is on by default: "target" is plain llama.cpp on the same file (every
-    # speedup's reference), "target:batched" the same engine as the drafters without drafting
-    assert list(rep["methods"]) == ["target", "target:batched", "lookup", "lookup:fixed", "edgespec",
+    # greedy rows take the low-rank LM head by default: "target" is plain llama.cpp on the same
+    # file (every speedup's reference), "target:lowrank" the drafters' engine without drafting
+    assert list(rep["methods"]) == ["target", "target:lowrank", "lookup", "lookup:fixed", "edgespec",
                                     "baseline"]
     pol = {m["name"]: m["policy"] for m in rep["settings"]["methods"]}
     assert pol["lookup"] == pol["edgespec"] == "cost" and pol["lookup:fixed"] == "fixed"
-    assert "onnxruntime pass" in rep["target"]["lm_head_type"]
+    assert "rank-256 search" in rep["target"]["lm_head_type"]
     mem = rep["memory"]  # each configuration in its own process, against plain llama.cpp's
     assert mem["plain_llama_cpp_peak_rss_mb"] > 100
-    assert set(mem["methods"]) == {"target:batched", "lookup", "lookup:fixed", "edgespec"}
+    assert set(mem["methods"]) == {"target:lowrank", "lookup", "lookup:fixed", "edgespec"}
     assert mem["methods"]["lookup"] == mem["methods"]["lookup:fixed"]  # one configuration
     assert mem["methods"]["edgespec"]["peak_rss_mb"] > mem["plain_llama_cpp_peak_rss_mb"]
     assert "vs baseline" in res.stdout
@@ -170,7 +170,7 @@ def test_bad_text_seed_and_cache_faults(tmp_path):
                          capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
     assert "warning" in res.stderr and "full LM head instead" in res.stderr
-    assert json.loads(res.stdout)["lm_head"] == "Q8_0"  # no batched head
+    assert json.loads(res.stdout)["lm_head"] == "Q8_0"  # no low-rank search, no batched head
 
 
 def _gemma_path():

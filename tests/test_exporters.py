@@ -189,3 +189,39 @@ def test_head_onnx_bad_inputs(tmp_path):
     other = SimpleNamespace(tokenizer_fingerprint="zzz", name="other", path=None)
     with pytest.raises(EdgespecError, match="trained for target 'tiny'"):
         HeadDrafter(good, other)
+
+
+@pytest.mark.integration
+def test_target_requantized_for_cheap_batches(tmp_path):
+    """`export target --quant Q4_0` on SmolLM2 (Q4_1 weights): every trunk matrix becomes Q4_0
+    (llama.cpp's own quantizer), the embeddings keep their type, the report says how often the
+    new file's greedy token agrees with the source's and what a verify decode costs in each;
+    bad input is one line and exit 2 with nothing written."""
+    import json
+    import subprocess
+    import sys
+
+    from edgespec.targets import load_target_spec
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "edgespec", "export", "target", "smollm2-135m",
+                               *args], capture_output=True, text=True)
+
+    src = read_header(load_target_spec("smollm2-135m").path).tensors
+    out = tmp_path / "s.gguf"
+    res = cli("--quant", "q4_0", "--out", str(out), "--json")
+    assert res.returncode == 0, res.stderr
+    rep = json.loads(res.stdout)
+    got = read_header(out).tensors
+    mats = [n for n in got if n.startswith("blk.") and n.endswith(".weight") and len(got[n].shape) == 2]
+    assert mats and all(got[n].type_name == "Q4_0" for n in mats)
+    assert any(src[n].type_name != "Q4_0" for n in mats)  # it did change something
+    assert got["token_embd.weight"].type_name == src["token_embd.weight"].type_name
+    assert rep["mode"] == "quant Q4_0" and 0.8 < rep["top1_agreement"] <= 1.0
+    assert len(rep["verify_ms_source"]) == len(rep["verify_ms_out"]) == 8
+    (tmp_path / "file").write_text("x")
+    for bad, msg in ((["--quant", "Q9_9", "--out", str(tmp_path / "x.gguf")], "unknown --quant"),
+                     (["--quant", "Q4_0", "--out", str(tmp_path / "file" / "x.gguf")], "no such folder")):
+        res = cli(*bad)
+        assert res.returncode == 2 and msg in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.gguf").exists()

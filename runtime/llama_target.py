@@ -570,7 +570,10 @@ class LlamaTarget(LlamaVocab, Engine):
             if layers:
                 h = np.concatenate([h, *self._layer_rows(n, True)], axis=1)
             return self.batched_head.logits(h[:, :self.n_embd]), (h if hidden else None)
-        self._set_embeddings(hidden)
+        # switching embeddings mode re-sizes llama.cpp's output buffers (~1 ms a switch on
+        # SmolLM2): left on where it changes nothing (every row is an output anyway)
+        if hidden or (n > 1 and not every):
+            self._set_embeddings(hidden)
         self._decode_chunk(tokens, [True] * n if every else [False] * (n - 1) + [True])
         n_out = n if every else 1
         logits = self._rows(lc.llama_get_logits(self._ctx), n_out, self.n_vocab, copy)

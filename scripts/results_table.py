@@ -387,13 +387,47 @@ def verify_cost_table(path: Path) -> str:
               "lowrank_trunk": "low-rank: trunk to the final norm",
               "lowrank_candidates": "low-rank: candidate search",
               "lowrank_rescore": "low-rank: exact rescoring",
-              "lowrank_decode": "low-rank: whole verify decode"}
+              "lowrank_decode": "low-rank: whole verify decode",
+              "batched_decode": "batched LM head: whole verify decode, every row's logits"}
     ks = [row["rows"] for row in r["rows"]]
-    rows = [[label, *(f"{row['ms_median'][p]:.1f}" for row in r["rows"])] for p, label in labels.items()]
+    rows = [[label, *(f"{row['ms_median'][p]:.1f}" for row in r["rows"])] for p, label in labels.items()
+            if p in r["rows"][0]["ms_median"]]
     return table(f"Where a verify decode's time goes (`{path.relative_to(ROOT)}`, `scripts/verify_cost.py`): "
                  f"{r['target']} ({r['file']}), {r['lowrank']}, one context of {r['context_tokens']} "
                  f"tokens, median ms over {r['reps']} interleaved repetitions; {m0['cpu']}, "
                  f"{m0['threads']} threads.", ["part, ms, by rows checked in one decode", *ks], rows)
+
+
+def sampler_cost_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    m0 = r["machine"]
+    rows = [[name, ", ".join(f"{k} {v}" for k, v in c["params"].items()),
+             f"{c['ms_per_row_median']['edgespec']:.3f}", f"{c['ms_per_row_median']['llama.cpp']:.3f}",
+             f"{c['edgespec_over_llama_cpp']:.2f}", c["support_median"]] for name, c in r["chains"].items()]
+    return table(f"What one sampled row costs (`{path.relative_to(ROOT)}`, `scripts/sampler_cost.py`): "
+                 f"{r['target']} ({r['file']}, {r['n_vocab']} tokens), {r['rows']} rows of real logits, "
+                 f"median of {r['reps']} timings a row; llama.cpp's chain through `llama_sampler_sample` "
+                 f"on the context; {m0['cpu']}, {m0['threads']} threads.",
+                 ["chain", "settings", "edgespec ms/row", "llama.cpp ms/row", "edgespec / llama.cpp",
+                  "tokens kept (median)"], rows)
+
+
+def certificate_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    m0 = r["machine"]
+    rows = []
+    for b in r["bases"]:
+        for c in b["by_candidates"]:
+            rows.append([b["basis"], b["h_perp_share_median"], c["candidates"],
+                         f"{c['top1']['certified']} / {c['top1']['true_top_among_candidates']}",
+                         f"{c['top40']['certified']} / {c['top40']['true_top_among_candidates']}"])
+    return table(f"Can the low-rank search be certified? (`{path.relative_to(ROOT)}`, "
+                 f"`scripts/lowrank_certificate.py`): {r['target']}, {r['rows']} rows the target sampled "
+                 f"itself; a row is certified when every other token's low-rank score plus "
+                 f"||w_perp|| ||h_perp|| stays {r['margin_for_int8_scores']} below the K-th candidate's "
+                 f"exact logit; fitted bases from {r['fit_tokens']} other tokens; {m0['cpu']}.",
+                 ["basis", "||h_perp|| / ||h|| (median)", "candidates",
+                  "top 1: certified / truly among candidates", "top 40: certified / truly among"], rows)
 
 
 def render() -> str:
@@ -412,6 +446,8 @@ def render() -> str:
                                 ("scaling-*.json", scaling_table),
                                 ("data-speed-*.json", data_speed_table),
                                 ("verify-cost-*.json", verify_cost_table),
+                                ("sampler-cost-*.json", sampler_cost_table),
+                                ("lowrank-certificate-*.json", certificate_table),
                                 ("workload-*.json", workload_table)):
         parts += [render_one(p) for p in sorted((ROOT / "results").glob(pattern))]
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):

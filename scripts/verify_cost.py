@@ -8,7 +8,9 @@ For each row count k, on the same context, in interleaved repetitions (medians):
 - llama.cpp with its own LM head, logits at every row (a verify pass without the low-rank head);
 - the low-rank LM head's parts (runtime/lowrank.py): the trunk up to the final norm, read by the
   eval callback with no LM head; the candidate search (onnxruntime); the exact rescoring of the
-  candidates; and the whole `decode(..., hidden=True, top_only=True)` call a greedy verify makes.
+  candidates; and the whole `decode(..., hidden=True, top_only=True)` call a greedy verify makes;
+- the batched LM head (runtime/batched_head.py, where the target's head type allows it): the
+  whole `decode` with every row's logits, as a sampled verify makes it.
 Writes results/verify-cost-TARGET.json (append-only: -run2, ...).
 """
 
@@ -39,18 +41,21 @@ def main() -> int:
 
     from edgespec.io import write_result
     from edgespec.measure.bench import machine_info
+    from edgespec.runtime.batched_head import supports as batched_supported
     from edgespec.runtime.llama_target import LlamaTarget
 
     full = LlamaTarget(a.target, n_ctx=1024, lm_head="full")
     low = LlamaTarget(a.target, n_ctx=1024, lm_head="lowrank")
+    bat = LlamaTarget(a.target, n_ctx=1024, lm_head="batched") if batched_supported(full.spec) else None
     head = low.lowrank_head
     context = full.tokenize(CONTEXT)
-    for e in (full, low):
-        e.reset()
-        e.decode(context, all_logits=False)
+    for e in (full, low, bat):
+        if e is not None:
+            e.reset()
+            e.decode(context, all_logits=False)
     kept_full, kept_low = len(full.tokens), len(low.tokens)
     parts = ("full_last_row", "full_every_row", "lowrank_trunk", "lowrank_candidates",
-             "lowrank_rescore", "lowrank_decode")
+             "lowrank_rescore", "lowrank_decode") + (("batched_decode",) if bat else ())
     times = {k: {p: [] for p in parts} for k in a.rows}
     rng = np.random.default_rng(a.seed)
 
@@ -73,6 +78,9 @@ def main() -> int:
             _x, got["lowrank_rescore"] = clock(lambda: head.top(cand, h[:, :low.n_embd]))
             low.truncate(kept_low)
             _x, got["lowrank_decode"] = clock(lambda: low.decode(toks, hidden=True, top_only=True))
+            if bat is not None:
+                bat.truncate(kept_full)
+                _x, got["batched_decode"] = clock(lambda: bat.decode(toks, all_logits=True))
             if rep:
                 for p in parts:
                     times[k][p].append(got[p])

@@ -15,9 +15,11 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 HEAD_BEGIN, HEAD_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 # the bench the README's headline quotes: the latest default-configuration run with stock
 # llama.cpp's own speculation in it
-HEADLINE = "bench-gemma3-270m-session14.json"
+HEADLINE = "bench-gemma3-270m-session15b.json"
 # and the app's view beside it: the drop-in against llama_cpp.Llama (`bench --workload defaults`)
-HEADLINE_APP = "workload-defaults-session14.json"
+HEADLINE_APP = "workload-defaults-session15b.json"
+# and how long the README's first command takes on a fresh clone
+HEADLINE_DEMO = "demo-time.json"
 
 
 def table(intro: str, header: list[str], rows: list[list]) -> str:
@@ -558,6 +560,16 @@ def workload_table(path: Path) -> str:
                   "edgespec vs llama_cpp.Llama (median / total)", "same text"], rows)
 
 
+def demo_line(path: Path) -> str:
+    r = json.loads(path.read_text())
+    m0 = r["machine"]
+    built = "compiling llama-cpp-python included" if r["compiled_llama_cpp_python"] else \
+        "llama-cpp-python's wheel already in pip's cache"
+    return (f"A fresh clone's `make demo` took {r['wall_s'] / 60:.1f} minutes ({built}; "
+            f"`results/{path.name}`, `scripts/demo_time.py`, commit {r['commit']}; {m0['cpu']}, "
+            f"{m0['cores']} cores).")
+
+
 def _splice(text: str, begin: str, end: str, block: str) -> str:
     return text[:text.index(begin)] + block + text[text.index(end) + len(end):]
 
@@ -566,7 +578,8 @@ def main(argv: list[str]) -> int:
     files = {ROOT / "results" / "README.md": (BEGIN, END, render()),
              ROOT / "README.md": (HEAD_BEGIN, HEAD_END, HEAD_BEGIN + "\n"
                                   + headline_table(ROOT / "results" / HEADLINE) + "\n\n"
-                                  + workload_table(ROOT / "results" / HEADLINE_APP) + "\n" + HEAD_END)}
+                                  + workload_table(ROOT / "results" / HEADLINE_APP) + "\n\n"
+                                  + demo_line(ROOT / "results" / HEADLINE_DEMO) + "\n" + HEAD_END)}
     stale = []
     for path, (begin, end, block) in files.items():
         text = path.read_text()

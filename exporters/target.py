@@ -57,15 +57,25 @@ def requantize_weights(src: str | Path, out: str | Path, quant: str, threads: in
         params.output_tensor_type = GGMLQuantizationType[header.tensors["output.weight"].type_name].value
     else:
         params.quantize_output_tensor = False
+    keep = [("token_embd.weight", header.tensors["token_embd.weight"].type_name)]
+    _quantize(src, out, params, keep, f" to {quant}")
+
+
+def _quantize(src, out, params, keep: list[tuple[str, str]], what: str = "") -> None:
+    """llama.cpp's llama_model_quantize into a temp file, renamed to `out` once the tensors in
+    `keep` still have their types."""
+    import llama_cpp as lc
+
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         rc = lc.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
         if rc != 0:
-            raise EdgespecError(f"llama.cpp could not re-quantize {src} to {quant} (code {rc})")
+            raise EdgespecError(f"llama.cpp could not re-quantize {src}{what} (code {rc})")
         got = read_header(tmp).tensors
-        if got["token_embd.weight"].type_name != header.tensors["token_embd.weight"].type_name:
-            raise EdgespecError("the export changed the embeddings' type")
+        for n, tname in keep:
+            if got[n].type_name != tname:
+                raise EdgespecError(f"export changed {n} from {tname} to {got[n].type_name}")
         os.replace(tmp, out)
     except OSError as e:
         raise EdgespecError(f"{out}: write failed ({e.strerror})") from None
@@ -97,22 +107,7 @@ def rewrite_lm_head(src: str | Path, out: str | Path, head_type: str, threads: i
     params.token_embedding_type = qt
     params.output_tensor_type = qt
     params.tt_overrides = ctypes.cast(overrides, ctypes.POINTER(lc.llama_model_tensor_override))
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        rc = lc.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
-        if rc != 0:
-            raise EdgespecError(f"llama.cpp could not re-quantize {src} (code {rc})")
-        got = read_header(tmp).tensors
-        for n, tname in keep:  # nothing but the LM head may change
-            if got[n].type_name != tname:
-                raise EdgespecError(f"export changed {n} from {tname} to {got[n].type_name}")
-        os.replace(tmp, out)
-    except OSError as e:
-        raise EdgespecError(f"{out}: write failed ({e.strerror})") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    _quantize(src, out, params, keep)  # nothing but the LM head may change
 
 
 def add_untied_head(src: str | Path, out: str | Path, head_type: str) -> None:

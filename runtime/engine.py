@@ -89,6 +89,11 @@ class Engine:
         """A draft policy of the engine's own (a batch slot's), or None for the usual one."""
         return None
 
+    def native_sampler(self, sampling, seed: int):
+        """The engine's own sampler chain for a request, drawing `pick(row)` from row `row` of
+        the last decode with `seed`'s stream, or None (the rows are then sampled in numpy)."""
+        return None
+
     def token_nl(self) -> int:
         return self.tokenize("\n", add_bos=False, special=False)[-1]
 

@@ -183,6 +183,36 @@ def load_vocab_only(spec: TargetSpec):
     return model, lc.llama_model_get_vocab(model)
 
 
+class LlamaChain:
+    """llama.cpp's sampler chain for one request, as llama-cpp-python builds it (top-k, typical,
+    top-p, min-p, temperature, dist seeded with `seed`), drawing from rows of the context's
+    last decode: each `pick` consumes one draw of the stream, as each generated token does in
+    llama_cpp.Llama, so called row by row up to the first rejected draft it gives the tokens
+    plain decoding would (runtime/verify.SampledVerifier)."""
+
+    def __init__(self, ctx, sp, seed: int):
+        self._ctx = ctx
+        self._chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        for s in (lc.llama_sampler_init_top_k(sp.top_k), lc.llama_sampler_init_typical(sp.typical_p, 1),
+                  lc.llama_sampler_init_top_p(sp.top_p, 1), lc.llama_sampler_init_min_p(sp.min_p, 1),
+                  lc.llama_sampler_init_temp(sp.temperature), lc.llama_sampler_init_dist(seed)):
+            lc.llama_sampler_chain_add(self._chain, s)
+
+    def pick(self, row: int) -> int:
+        return int(lc.llama_sampler_sample(self._chain, self._ctx, row))
+
+    def close(self) -> None:
+        if getattr(self, "_chain", None):
+            lc.llama_sampler_free(self._chain)
+            self._chain = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the binding may be gone already
+            pass
+
+
 class LlamaTarget(LlamaVocab, Engine):
     """A target model on llama.cpp with an explicit, roll-back-able KV cache."""
 
@@ -495,6 +525,14 @@ class LlamaTarget(LlamaVocab, Engine):
         if last_logits and tokens:
             return self._rows(lc.llama_get_logits(self._ctx), 1, self.n_vocab, True)[0]
         return None
+
+    def native_sampler(self, sampling, seed: int):
+        """llama.cpp's own chain where the last decode's logits sit in the context (no batched
+        LM head) and the request needs no more than the chain's cuts (no bias, penalties,
+        processors: those stay in numpy)."""
+        if self.batched_head is not None or sampling.adjusts_logits:
+            return None
+        return LlamaChain(self._ctx, sampling, seed)
 
     def invariant_batch(self, most: int = 8) -> int:
         """The most tokens one decode may hold and still give each row the logits of one-token

@@ -136,7 +136,8 @@ class LlamaDraws:
     def __init__(self, seed: int | None):
         seed = None if seed is None else seed % 2 ** 32
         if seed is None or seed == 0xFFFFFFFF:
-            seed = int.from_bytes(os.urandom(4), "little")
+            seed = int.from_bytes(os.urandom(4), "little") % 0xFFFFFFFF
+        self.seed = seed  # the stream's seed (a random one drawn here), for llama.cpp's own chain
         self._rs = np.random.RandomState(seed)  # the same generator, seeded as std::mt19937(seed)
         self._u = np.empty(0)
 

@@ -142,13 +142,22 @@ class SampledVerifier(Verifier):
     draft d is accepted with probability p(d), as the rejection rule would accept it."""
 
     def __init__(self, sampling: SamplingParams, grammar=None, logprobs: int | None = None,
-                 stopping=None):
+                 stopping=None, target=None):
+        """target: the engine, whose own sampler chain (in C, the same draws) picks the rows
+        where it can (`Engine.native_sampler`; not with a grammar)."""
         super().__init__(sampling, grammar, logprobs, stopping)
         self.draws = LlamaDraws(sampling.seed)
+        self.native = (target.native_sampler(sampling, self.draws.seed)
+                       if target is not None and grammar is None else None)
 
     def accept(self, logits, drafts, q, context, emitted) -> tuple[int, int]:
         n, at = len(drafts), len(emitted)
         for i in range(n + 1):  # row n (after every draft) always decides
+            if self.native is not None:  # row i of the decode is batch position i
+                tok = self.native.pick(i)
+                if i == n or tok != drafts[i]:
+                    return i, tok
+                continue
             d = chain(logits[i], self.sampling, self._recent(emitted, drafts, i), self.grammar,
                       self._ids(context, drafts, i))
             tok = self._take(d.pick(self.draws[at + i]))
@@ -164,7 +173,7 @@ def make_verifier(target, sampling: SamplingParams, grammar=None, logprobs: int 
     per engine)."""
     kw = {"grammar": grammar, "logprobs": logprobs, "stopping": stopping}
     if not sampling.greedy:
-        return SampledVerifier(sampling, **kw)
+        return SampledVerifier(sampling, target=target, **kw)
     top_only = (not sampling.adjusts_logits and logprobs is None and grammar is None
                 and stopping is None)
     # exact mode caps a pass at the rows whose numbers match one-token decodes: worth it where

@@ -1,7 +1,9 @@
-"""Sampled text on the real Gemma 3 270M: the drop-in draws what llama_cpp.Llama draws.
+"""Sampled text on the real targets: the drop-in draws what llama_cpp.Llama draws.
 
 Each verified row picks the token llama.cpp's own sampler picks for that position from the
-request's seed (runtime/verify.SampledVerifier), so with drafts, without them and in
+request's seed (runtime/verify.SampledVerifier: on Gemma 3 270M the rows come from the batched
+LM head and are sampled in numpy with llama.cpp's stream replicated; on SmolLM2 llama.cpp's own
+chain samples the rows in its context), so with drafts, without them and in
 llama_cpp.Llama the same seed gives the same text wherever the decodes' logits agree: on the
 batch-invariant library (`make test` runs on it) everywhere; on the stock library a verify
 pass's batch numerics can move a draw (measured: 36 of 40 seeds)."""
@@ -15,17 +17,21 @@ pytestmark = pytest.mark.integration
 PROMPT = "one two three four, one two three four, one two three four, one two"
 
 
-def test_the_same_seed_gives_llama_cpps_text_with_drafts():
+@pytest.mark.parametrize("target", ["gemma3-270m", "smollm2-135m"])
+def test_the_same_seed_gives_llama_cpps_text_with_drafts(target):
     import edgespec  # noqa: F401  (before llama_cpp: the library EDGESPEC_LLAMA_LIB selects)
     from llama_cpp import Llama
 
     from edgespec.runtime.api import SpeculativeLlama
+    from edgespec.runtime.sampling import SamplingParams
     from edgespec.targets import resolve_target
 
-    path = str(resolve_target("gemma3-270m"))
+    path = str(resolve_target(target))
     ref = Llama(model_path=path, n_ctx=512, n_threads=2, verbose=False)
     plain = SpeculativeLlama(model_path=path, n_ctx=512, draft=None)
     drafted = SpeculativeLlama(model_path=path, n_ctx=512, draft="lookup", k=4, policy="fixed")
+    native = drafted.engine.native_sampler(SamplingParams(temperature=1.0), 1)
+    assert (native is not None) == (target == "smollm2-135m")  # the path this case checks
     kw = dict(max_tokens=8, temperature=1.0, top_k=20)
     texts, n_drafted = [], 0
     for seed in range(40):

@@ -9,8 +9,9 @@ One step:
     the target at the first disagreement (or a bonus token after a full accept)
     roll the cache back past the rejected drafts
 With greedy decoding every emitted token is the target's argmax at its position in the verify
-pass; with sampling, drafts are accepted with probability min(1, p/q) and a rejection resamples
-from norm(max(0, p - q)), which keeps the target's distribution exactly.
+pass; with sampling, every emitted token is the one llama.cpp's sampler draws for its position
+from the request's seed (runtime/verify.SampledVerifier), so the target's distribution is kept
+exactly and a draft stands where it is that token.
 """
 
 from __future__ import annotations

@@ -204,8 +204,6 @@ def export_target(target: str, out: str | Path, head_type: str | None = "Q4_0", 
         raise EdgespecError("--out must differ from the target file")
     if not out.parent.is_dir():
         raise EdgespecError(f"{out.parent}: no such folder")
-    if quant is not None and quant not in QUANT_FTYPES:
-        raise EdgespecError(f"unknown --quant {quant} for a target; choose from {', '.join(QUANT_FTYPES)}")
     if not os.access(out.parent, os.W_OK):
         raise EdgespecError(f"{out.parent}: not writable")
     t0 = time.time()

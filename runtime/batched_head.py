@@ -36,8 +36,7 @@ CHUNK = 16384  # LM-head rows per step while re-laying the blocks
 
 def supports(spec) -> bool:
     """Whether the target's LM head has a block type this head computes as llama.cpp does."""
-    return GGMLQuantizationType[spec.lm_head_type] in LAYOUTS if spec.lm_head_type in \
-        GGMLQuantizationType.__members__ else False
+    return GGMLQuantizationType.__members__.get(spec.lm_head_type) in LAYOUTS
 
 
 def pays(spec) -> bool:

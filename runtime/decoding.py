@@ -38,7 +38,8 @@ Target = Engine
 class Draft:
     tokens: list[int]
     # Per draft token, the distribution it was drawn from as (target ids, probs), or None when
-    # the proposal was deterministic (a one-hot q). Only sampling reads it.
+    # the proposal was deterministic (a one-hot q). Reported only: sampled verification picks
+    # each row with the target's own draw and needs no q (verify.SampledVerifier).
     q: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)
     conf: list[float] = field(default_factory=list)  # the drafter's top probability per step
     source: str = ""  # which drafter made it ("lookup", "head"): policies keep apart estimates
@@ -216,7 +217,7 @@ class Generation:
         self.prompt_hidden = prompt_hidden  # prompt positions whose hidden states the head sees
         self.reuse_prefix = reuse_prefix  # keep the cache's common prefix with this prompt
         if drafter is not None:
-            draws = getattr(self.verifier, "draws", None)
+            draws = self.verifier.draws
             drafter.set_sampling(None if sampling.greedy else sampling, None if draws is None else
                                  (lambda j: draws[len(self.token_ids) + j]))
         self.stats = Stats(prompt_tokens=len(prompt), exact=self.verifier.exact)

@@ -30,6 +30,7 @@ class Verdict:
 
 class Verifier:
     top_only = False  # rows need only their top token (the low-rank LM head may answer them)
+    draws = None  # sampling: the request's uniform draws, by generated-token position
     max_rows = 0  # the most rows one pass may check (0: no cap)
     exact = False  # text equal to plain greedy decoding's, bit for bit
 
@@ -122,9 +123,8 @@ class GreedyVerifier(Verifier):
 
 class ExactVerifier(GreedyVerifier):
     """Greedy on an engine whose decodes of up to `rows` tokens give each row the numbers of
-    one-token decodes (`Engine.invariant_batch`); verification reads every logit (llama.cpp's
-    head, or the batched head whose logits are llama.cpp's to float rounding), a pass checks at
-    most `rows` rows and the prompt is prefilled as llama_cpp.Llama does it."""
+    one-token decodes (`Engine.invariant_batch`); verification reads llama.cpp's own LM head, a
+    pass checks at most `rows` rows and the prompt is prefilled as llama_cpp.Llama does it."""
 
     exact = True
 
@@ -155,12 +155,10 @@ class SampledVerifier(Verifier):
         for i in range(n + 1):  # row n (after every draft) always decides
             if self.native is not None:  # row i of the decode is batch position i
                 tok = self.native.pick(i)
-                if i == n or tok != drafts[i]:
-                    return i, tok
-                continue
-            d = chain(logits[i], self.sampling, self._recent(emitted, drafts, i), self.grammar,
-                      self._ids(context, drafts, i))
-            tok = self._take(d.pick(self.draws[at + i]))
+            else:
+                d = chain(logits[i], self.sampling, self._recent(emitted, drafts, i), self.grammar,
+                          self._ids(context, drafts, i))
+                tok = self._take(d.pick(self.draws[at + i]))
             if i == n or tok != drafts[i]:
                 return i, tok
 

@@ -5,6 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.edgespec-installed
 # llama-cpp-python compiles llama.cpp; pip caches the built wheel for the next run.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+# llama.cpp's AMX kernels (compiled in by -march=native on Intel Xeons that have AMX) crash in
+# their matrix multiply on this llama.cpp (a known, unfixed llama.cpp bug): every llama.cpp
+# build here leaves them out. The same flags as edgespec/llama_lib.py's CPU_FLAGS (a test checks).
+LLAMA_CPU_FLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+export CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(LLAMA_CPU_FLAGS)' -DCMAKE_CXX_FLAGS='$(LLAMA_CPU_FLAGS)'
 
 .PHONY: setup demo test test-fast llama-lib llama-tools browser speculators clean
 

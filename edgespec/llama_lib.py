@@ -21,6 +21,7 @@ library a process runs.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,16 @@ from edgespec.cache import built_folder, cache_root
 from edgespec.errors import EdgespecError
 
 INVARIANT_FLAGS = ("-DGGML_CPU_REPACK=OFF", "-DGGML_LLAMAFILE=OFF")
+# Every llama.cpp build edgespec makes (the binding in `make setup`, this library, the stock
+# tools) leaves out llama.cpp's AMX kernels: -march=native compiles them in on Intel Xeons with
+# AMX, and their matrix multiply crashes on this llama.cpp in the first batch of two or more
+# tokens (a known llama.cpp bug). The Makefile and scripts/build_llama_tools.sh use the same.
+CPU_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def cpu_cmake_args() -> tuple[str, str]:
+    """CMake arguments that compile llama.cpp with `CPU_FLAGS`."""
+    return (f"-DCMAKE_C_FLAGS={CPU_FLAGS}", f"-DCMAKE_CXX_FLAGS={CPU_FLAGS}")
 KIND = "llama-lib"
 MARKER = "edgespec-invariant-build.txt"
 SELECT_ERROR: str | None = None  # why `select` at import failed (raised where llama.cpp loads)
@@ -107,7 +118,8 @@ def build(python: str = sys.executable, log=print) -> Path:
 
     def make(dest: Path) -> None:
         with tempfile.TemporaryDirectory(prefix="edgespec-llama-lib.") as work:
-            env = dict(os.environ, CMAKE_ARGS=" ".join((*INVARIANT_FLAGS, "-DLLAVA_BUILD=OFF")))
+            args = (*INVARIANT_FLAGS, "-DLLAVA_BUILD=OFF", *(shlex.quote(a) for a in cpu_cmake_args()))
+            env = dict(os.environ, CMAKE_ARGS=" ".join(args))
             env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
             cmd = [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-cache-dir",
                    "--no-binary", "llama-cpp-python", f"llama-cpp-python=={version}", "-w", work]
@@ -126,7 +138,7 @@ def build(python: str = sys.executable, log=print) -> Path:
                         out.write_bytes(z.read(name))
                         out.chmod(0o755)
             (dest / MARKER).write_text(f"llama-cpp-python {version} built with "
-                                       f"{' '.join(INVARIANT_FLAGS)}\n")
+                                       f"{' '.join(INVARIANT_FLAGS)}, compiler flags {CPU_FLAGS}\n")
             if not _has_lib(dest):
                 raise EdgespecError("the built wheel holds no libllama")
 

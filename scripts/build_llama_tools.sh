@@ -12,6 +12,8 @@ set -euo pipefail
 PY=${1:-.venv/bin/python}
 VERSION=$("$PY" -c "import llama_cpp; print(llama_cpp.__version__)")
 CACHE=${EDGESPEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgespec}
+# no AMX kernels (they crash on this llama.cpp): edgespec/llama_lib.py's CPU_FLAGS
+CPU_FLAGS=$("$PY" -c "from edgespec.llama_lib import CPU_FLAGS; print(CPU_FLAGS)")
 DEST="$CACHE/llama-tools/$VERSION"
 TOOLS=(llama-server llama-speculative-simple llama-bench)
 
@@ -51,7 +53,8 @@ fi
 cmake -S "$SRC" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
-    -DBUILD_SHARED_LIBS=OFF >"$WORK/configure.log" 2>&1 || { tail -30 "$WORK/configure.log" >&2; exit 1; }
+    -DBUILD_SHARED_LIBS=OFF -DCMAKE_C_FLAGS="$CPU_FLAGS" -DCMAKE_CXX_FLAGS="$CPU_FLAGS" \
+    >"$WORK/configure.log" 2>&1 || { tail -30 "$WORK/configure.log" >&2; exit 1; }
 echo "llama.cpp tools $VERSION: building ${TOOLS[*]} (several minutes on 2 cores)" >&2
 cmake --build "$WORK/build" --target "${TOOLS[@]}" -j "$(nproc)" >"$WORK/build.log" 2>&1 \
     || { tail -40 "$WORK/build.log" >&2; exit 1; }

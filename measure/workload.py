@@ -39,8 +39,8 @@ WORKLOADS = {
 }
 
 
-def _call(llm, w: Workload, prompt: str, max_tokens: int, seed: int) -> tuple[int, float, str]:
-    """(completion tokens, wall seconds, text) of one app call."""
+def _call(llm, w: Workload, prompt: str, max_tokens: int, seed: int) -> tuple[int, float, str, dict | None]:
+    """(completion tokens, wall seconds, text, edgespec's decoding report or None) of one app call."""
     t0 = time.perf_counter()
     if w.call == "chat":
         out = llm.create_chat_completion(messages=[{"role": "user", "content": prompt}],
@@ -49,7 +49,12 @@ def _call(llm, w: Workload, prompt: str, max_tokens: int, seed: int) -> tuple[in
     else:
         out = llm.create_completion(prompt, max_tokens=max_tokens, seed=seed, **w.args)
         text = out["choices"][0]["text"]
-    return out["usage"]["completion_tokens"], time.perf_counter() - t0, text
+    sec = time.perf_counter() - t0
+    spec = out.get("speculative")
+    if spec is not None:  # how the drop-in decoded: passes, drafts and where they came from
+        spec = {k: spec[k] for k in ("verify_passes", "drafted", "accepted", "prefill_s", "draft_s",
+                                     "verify_s", "by_source") if k in spec}
+    return out["usage"]["completion_tokens"], sec, text, spec
 
 
 def _ratios(ours: list[dict], ref: list[dict]) -> tuple[float, float]:
@@ -82,9 +87,9 @@ def run_workload(w: Workload, prompts: list[dict], max_tokens: int, n_ctx: int,
         bar = progress(total=2 * len(chosen), desc=w.name[:24], unit="call")
         for i, p in enumerate(chosen):
             for name, llm in (("llama_cpp.Llama", ref), ("edgespec", ours)):
-                n, sec, text = _call(llm, w, p["prompt"], max_tokens, seed=1000 + i)
+                n, sec, text, spec = _call(llm, w, p["prompt"], max_tokens, seed=1000 + i)
                 rows[name].append({"kind": p.get("kind"), "tokens": n, "seconds": round(sec, 6),
-                                   "text": text})
+                                   "text": text, **({"speculative": spec} if spec else {})})
                 bar.update(1)
         bar.close()
     finally:
@@ -114,12 +119,20 @@ def bench_workload(name: str, prompts: list[dict], max_tokens: int = 128, n_ctx:
             "machine": machine_info(threads or default_threads())}
 
 
+def _per_pass(row: dict) -> str:
+    """Tokens the drop-in emitted per verify pass over the row's prompts ("-" where unknown)."""
+    ours = row["per_prompt"]["edgespec"]
+    passes = sum(r.get("speculative", {}).get("verify_passes", 0) for r in ours)
+    return f"{sum(r['tokens'] for r in ours) / passes:.2f}" if passes else "-"
+
+
 def format_workload(report: dict) -> str:
     lines = [f"workload {report['workload']}: edgespec's drop-in vs llama_cpp.Llama, the same call "
              f"(wall time incl. prompt, {report['max_tokens']} new tokens at most)",
-             f"{'row':44s} {'llama.cpp tok/s':>15s} {'edgespec tok/s':>14s} {'median':>7s} {'total':>7s}"]
+             f"{'row':44s} {'llama.cpp tok/s':>15s} {'edgespec tok/s':>14s} {'median':>7s} "
+             f"{'total':>7s} {'tok/pass':>8s}"]
     for r in report["rows"]:
         t = r["tokens_per_s"]
         lines.append(f"{r['name']:44s} {t['llama_cpp.Llama']:15.1f} {t['edgespec']:14.1f} "
-                     f"{r['speedup']:6.2f}x {r['speedup_total']:6.2f}x")
+                     f"{r['speedup']:6.2f}x {r['speedup_total']:6.2f}x {_per_pass(r):>8s}")
     return "\n".join(lines)

@@ -102,7 +102,7 @@ class Stats:
             "prefill_s": round(self.prefill_s, 4), "decode_s": round(self.decode_s, 4),
             "draft_s": round(self.draft_s, 4), "verify_s": round(self.verify_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 3), "finish_reason": self.finish_reason,
-            "exact": self.exact,
+            "exact": self.exact, "by_source": {k: list(v) for k, v in self.by_source.items()},
         }
 
 

@@ -111,12 +111,14 @@ def _args_data(s) -> None:
 def _cmd_extract(args) -> int:
     from edgespec.targets import load_target_spec
     from edgespec.training.eagle3 import parse_layers
-    from edgespec.training.features import ExtractConfig, extract
+    from edgespec.training.features import ExtractConfig, default_kv_layers, extract
 
-    layers = parse_layers(args.layers, load_target_spec(args.target).n_layer) if args.layers else ()
+    spec = load_target_spec(args.target)
+    layers = parse_layers(args.layers, spec.n_layer) if args.layers else ()
+    kv = default_kv_layers(spec) if args.kv else ()
     m = extract(args.target, args.data, args.out,
                 ExtractConfig(dtype=args.dtype, group_size=args.group_size, transform=args.transform,
-                              shard_samples=args.shard_samples, layers=layers,
+                              shard_samples=args.shard_samples, layers=layers, kv_layers=kv,
                               n_batch=args.n_batch))
     print(json.dumps({k: m[k] for k in ("tokens", "dtype", "group_size", "bytes",
                                         "bytes_per_token", "tokens_per_s")}))
@@ -138,6 +140,9 @@ def _args_extract(s) -> None:
     s.add_argument("--layers", default=None,
                    help="also store these layers' inputs, for --arch eagle3 heads: A,B,C or "
                         "'eagle3' (layers 2, n/2 and n-3)")
+    s.add_argument("--kv", action="store_true",
+                   help="also store the keys and values of the layers a --arch shared-kv head "
+                        "reads (the last sliding and the last global layer)")
 
 
 def _cmd_train(args) -> int:
@@ -155,14 +160,20 @@ def _cmd_train(args) -> int:
         overrides["layer_types"] = args.layer_types.split(",")
     if args.seq_len:
         cfg.seq_len = args.seq_len
-    layers = ()
+    layers, kv = (), ()
     if args.online and args.arch == "eagle3":
         from edgespec.targets import load_target_spec
         from edgespec.training.eagle3 import parse_layers
 
         layers = parse_layers(args.layers or "eagle3", load_target_spec(args.target).n_layer)
+    if args.online and args.arch == "shared-kv":
+        from edgespec.targets import load_target_spec
+        from edgespec.training.features import default_kv_layers
+
+        kv = default_kv_layers(load_target_spec(args.target))
     features = features_source(args.target, args.features, args.data if args.online else None,
-                               online=args.online, cache_mb=args.online_cache_mb, layers=layers)
+                               online=args.online, cache_mb=args.online_cache_mb, layers=layers,
+                               kv_layers=kv)
     meta = train(args.target, features, args.out, cfg, resume=args.resume,
                  head_overrides=overrides, log=lambda m: print(m, file=sys.stderr))
     if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports
@@ -201,9 +212,11 @@ def _args_train(s) -> None:
                         "draft tokens to the forward KL (ranking-aware, HASS-style; 0: KL alone)")
     s.add_argument("--topk", type=_positive_int, default=10)
     s.add_argument("--layer-types", default=None, help="mtp: e.g. sliding,global")
-    s.add_argument("--arch", default="mtp", choices=["mtp", "eagle3"],
+    s.add_argument("--arch", default="mtp", choices=["mtp", "eagle3", "shared-kv"],
                    help="mtp: edgespec's head (default); eagle3: llama.cpp's EAGLE-3 graph, on "
-                        "features extracted with --layers (export it with `export llama-cpp`)")
+                        "features extracted with --layers (export it with `export llama-cpp`); "
+                        "shared-kv: a head with no K/V of its own that attends the target's "
+                        "cache, on features extracted with --kv")
     s.add_argument("--layers", default=None,
                    help="--online --arch eagle3: the target layers read (default 'eagle3')")
     s.add_argument("--seed", type=int, default=0)

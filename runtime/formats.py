@@ -59,6 +59,8 @@ class HeadConfig:
         is a clear error (the dict comes from a file)."""
         if not isinstance(d, dict):
             raise EdgespecError(f"head config is not a mapping ({type(d).__name__})")
+        if d.get("arch", "mtp") != "mtp":
+            raise EdgespecError(f"this is a {d.get('arch')} head config, not an MTP head's")
         c = _config_from(cls, d, "head config", ("n_embd", "n_draft_vocab", "n_head", "n_head_kv",
                                                  "head_dim", "n_ff", "sliding_window"))
         for name in ("rope_base_local", "rope_base_global", "rms_eps", "embed_scale", "attn_scale"):
@@ -126,9 +128,75 @@ class Eagle3Config:
         return asdict(self)
 
 
+@dataclass
+class SharedKVConfig:
+    """A shared-KV MTP head (the shape of llama.cpp's `gemma4-assistant` drafts): no keys or
+    values of its own; each layer's queries attend the target's KV cache of one target layer
+    (`kv_layers`, one per head layer: a sliding layer reads a sliding target layer within the
+    target's window). Its input is pre_proj(concat(token embedding x embed_scale, h)), h the
+    target's final hidden state at the first step and its own post_proj output after; every
+    draft of a chain sits at the position after the target's last one. Output: out_norm, then
+    post_proj back to the target's width, then the draft LM head (the target's embedding rows
+    for the draft vocabulary, frozen). Head width `d_model` may differ from the target's."""
+
+    n_embd: int  # the target's hidden width
+    n_draft_vocab: int
+    kv_layers: list[int]  # the target layer each head layer attends
+    layer_types: list[str]  # "sliding" / "global", the target's type of each kv layer
+    n_head: int  # query heads; the keys' heads are the target's (n_head_kv x head_dim)
+    n_head_kv: int
+    head_dim: int
+    d_model: int = 640
+    n_ff: int = 1024
+    sliding_window: int = 512
+    rope_base_local: float = 10000.0
+    rope_base_global: float = 1000000.0
+    rms_eps: float = 1e-6
+    embed_scale: float = 1.0
+    attn_scale: float | None = None  # None: 1/sqrt(head_dim)
+    arch: str = "shared-kv"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SharedKVConfig":
+        if not isinstance(d, dict) or d.get("arch") != "shared-kv":
+            raise EdgespecError("not a shared-KV head config")
+        c = _config_from(cls, d, "shared-KV head config", ("n_embd", "n_draft_vocab", "n_head",
+                                                           "n_head_kv", "head_dim", "d_model", "n_ff",
+                                                           "sliding_window"))
+        if (not isinstance(c.kv_layers, list) or not c.kv_layers or not isinstance(c.layer_types, list)
+                or len(c.layer_types) != len(c.kv_layers)
+                or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in c.kv_layers)
+                or any(t not in ("sliding", "global") for t in c.layer_types)):
+            raise EdgespecError(f"shared-KV head config: kv_layers {c.kv_layers!r} and layer_types "
+                                f"{c.layer_types!r} must be one layer id and type per head layer")
+        if c.n_head % c.n_head_kv:
+            raise EdgespecError(f"shared-KV head config: {c.n_head} heads do not share "
+                                f"{c.n_head_kv} KV heads evenly")
+        return c
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.kv_layers)
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale or 1.0 / float(np.sqrt(self.head_dim))
+
+
+HEAD_ARCHS = ("mtp", "eagle3", "shared-kv")
+
+
 def head_arch(head_config: dict) -> str:
-    """"eagle3" or "mtp" (edgespec's own head) for a checkpoint's `head` entry."""
-    return "eagle3" if isinstance(head_config, dict) and head_config.get("arch") == "eagle3" else "mtp"
+    """"eagle3", "shared-kv" or "mtp" (edgespec's own head) for a checkpoint's `head` entry."""
+    arch = head_config.get("arch") if isinstance(head_config, dict) else None
+    return arch if arch in ("eagle3", "shared-kv") else "mtp"
 
 
 # Sliding-window KV caches (the head's own, the ONNX target's) keep the window plus this many
@@ -240,6 +308,10 @@ def require_mtp_head(head_config: dict, ckpt: str | Path, asked: str = "") -> No
     if head_arch(head_config) == "eagle3":
         raise EdgespecError(f"{ckpt} is an EAGLE-3 head{asked}: export it for llama.cpp with "
                             "`edgespec export llama-cpp` (or for vLLM with `edgespec export speculators`)")
+    if head_arch(head_config) == "shared-kv":
+        raise EdgespecError(f"{ckpt} is a shared-KV head{asked}: it reads the target's KV cache, "
+                            "which the drafting runtime does not hand to heads yet; evaluate it "
+                            "with `edgespec eval-head`")
 
 
 def read_checkpoint_head(ckpt: str | Path) -> HeadFile:

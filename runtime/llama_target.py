@@ -354,8 +354,8 @@ class LlamaTarget(LlamaVocab, Engine):
     def _install_probe(self, cparams) -> None:
         """An eval callback that, while `_grab` is set, copies the final hidden states (the
         tensor "result_norm") and stops the graph there: what follows is the LM head. Tensors
-        named in `_grab_layers` (the residual stream "l_out-i" entering layer i + 1) are copied
-        on the way."""
+        named in `_grab_layers` (the residual stream "l_out-i" entering layer i + 1, a layer's
+        keys "Kcur-i" and values "Vcur-i") are copied on the way."""
         lib, grabbed, layers = _ggml(), self._grabbed, self._grab_layers
 
         def cb(t, ask, _user):
@@ -372,23 +372,33 @@ class LlamaTarget(LlamaVocab, Engine):
         self._cb = lc.ggml_backend_sched_eval_callback(cb)  # kept alive with the context
         cparams.cb_eval = self._cb
 
-    def _decode_grab(self, tokens: list[int], outputs: list[bool], layers: tuple[int, ...] = ()):
+    def _decode_grab(self, tokens: list[int], outputs: list[bool], layers: tuple[int, ...] = (),
+                     kv_layers: tuple[int, ...] = ()):
         """Decode without the LM head; the hidden states of the output rows [n_out, n_embd], or
         with `layers` [n_out, n_embd * (1 + len(layers))]: the final hidden state, then the
-        input of each listed layer (every row is an output then)."""
+        input of each listed layer (every row is an output then); with `kv_layers`, then each
+        listed layer's keys and values as its cache holds them (`kv_width` each: keys after
+        the norm and RoPE)."""
         self._check_room(len(tokens))
-        out = self._grab_batch([(0, len(self.tokens), tokens, outputs)], layers)
+        out = self._grab_batch([(0, len(self.tokens), tokens, outputs)], layers, kv_layers)
         self.tokens.extend(tokens)
         return out
 
-    def _grab_batch(self, pieces, layers: tuple[int, ...] = ()) -> np.ndarray:
+    @property
+    def kv_width(self) -> int:
+        """Floats of one token's keys (or values) in one layer: KV heads x head width."""
+        return self.spec.n_head_kv * self.spec.head_dim
+
+    def _grab_batch(self, pieces, layers: tuple[int, ...] = (),
+                    kv_layers: tuple[int, ...] = ()) -> np.ndarray:
         """`_decode_grab` over (seq, first position, tokens, outputs) pieces in one decode."""
         if self._cb is None:
             raise RuntimeError("this engine was opened without the hidden-state probe")
         self._set_embeddings(False)
         names = [b"l_out-%d" % (i - 1) for i in layers]
+        kv_names = [b"%s-%d" % (kind, i) for i in kv_layers for kind in (b"Kcur", b"Vcur")]
         self._grab_layers.clear()
-        self._grab_layers.update(names)
+        self._grab_layers.update(names + kv_names)
         self._grabbed.clear()
         self._grab = True
         try:
@@ -408,13 +418,34 @@ class LlamaTarget(LlamaVocab, Engine):
                 raise RuntimeError(f"hidden-state probe read {rows.size} values of "
                                    f"{name.decode()} for {n_out} rows")
             parts.append(rows.reshape(-1, self.n_embd))
-        return parts[0] if not layers else np.concatenate(parts, axis=1)
+        n_tok, w = sum(len(p[2]) for p in pieces), self.kv_width
+        for name in kv_names:
+            # the graph names both the projection and the tensor the cache stores "Kcur-i"
+            # (the latter after the norm and RoPE, computed last): a decode is one ubatch
+            # (n_ubatch = n_batch), so the last one read is the cache's
+            rows = got.get(name, [None])[-1]
+            if rows is None or rows.size != n_tok * w or n_out != n_tok:
+                raise RuntimeError(f"hidden-state probe read no {name.decode()} rows for "
+                                   f"{n_tok} tokens ({n_out} outputs)")
+            parts.append(rows.reshape(n_tok, w))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
-    def hidden_states(self, tokens: list[int], layers: tuple[int, ...] | None = None) -> np.ndarray:
+    def hidden_states(self, tokens: list[int], layers: tuple[int, ...] | None = None,
+                      kv_layers: tuple[int, ...] = ()) -> np.ndarray:
         """Decode tokens into the cache; their final hidden states [n, n_embd]. With the probe
         no logits are computed; without it embeddings mode computes them too. `layers` (probe
         only): also the input of each of these layers (1 .. n_layer - 1), concatenated after
-        the final hidden state: [n, n_embd * (1 + len(layers))]. Default: `feature_layers`."""
+        the final hidden state: [n, n_embd * (1 + len(layers))]. Default: `feature_layers`.
+        `kv_layers` (probe only): then each of these layers' keys and values, `kv_width` each
+        (what a shared-KV head attends: training/shared_kv.py)."""
+        kv_layers = tuple(int(i) for i in kv_layers)
+        if kv_layers:
+            if self._cb is None:
+                raise RuntimeError("keys and values need the hidden-state probe (probe=True)")
+            bad = [i for i in kv_layers if not 0 <= i < self.n_layer]
+            if bad:
+                raise EdgespecError(f"layer {bad[0]} is not a layer of this target "
+                                    f"(choose from 0 to {self.n_layer - 1})")
         if layers is not None and self._cb is None:  # no probe: llama.cpp's own extraction
             if tuple(layers) == self.feature_layers:
                 layers = None
@@ -444,9 +475,9 @@ class LlamaTarget(LlamaVocab, Engine):
         out = []
         for s in range(0, len(tokens), self.n_batch):
             chunk = tokens[s:s + self.n_batch]
-            out.append(self._decode_grab(chunk, [True] * len(chunk), tuple(layers))
+            out.append(self._decode_grab(chunk, [True] * len(chunk), tuple(layers), kv_layers)
                        if self._cb is not None else self.decode(chunk, hidden=True)[1])
-        width = self.n_embd * (1 + len(layers))
+        width = self.n_embd * (1 + len(layers)) + 2 * self.kv_width * len(kv_layers)
         return np.concatenate(out) if out else np.empty((0, width), np.float32)
 
     # -- decoding ---------------------------------------------------------------------------

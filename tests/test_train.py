@@ -34,9 +34,10 @@ def _next(t: int) -> int:
     return (21 * t + 3) % len(VOCAB)
 
 
-def write_features(folder, spec, n_samples=24, length=30, dtype="int4", seed=0):
+def write_features(folder, spec, n_samples=24, length=30, dtype="int4", seed=0, kv_layers=()):
     """Synthetic features: a deterministic token chain and hidden states that encode it, so a
-    head can learn to predict; written in the same layout `extract` writes."""
+    head can learn to predict; written in the same layout `extract` writes. `kv_layers`: also
+    (random) keys and values of those layers after each hidden state, as `extract --kv` does."""
     from safetensors.numpy import save_file
 
     from edgespec.cache import sha256_file
@@ -44,6 +45,7 @@ def write_features(folder, spec, n_samples=24, length=30, dtype="int4", seed=0):
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     emb = rng.normal(size=(len(VOCAB), spec.n_embd)).astype(np.float32)
+    w = spec.n_head_kv * spec.head_dim
     toks, seqs, hid = [], [], []
     for i in range(n_samples):
         t = [int(rng.integers(len(VOCAB)))]
@@ -51,7 +53,11 @@ def write_features(folder, spec, n_samples=24, length=30, dtype="int4", seed=0):
             t.append(_next(t[-1]))
         toks += t
         seqs += [i] * length
-        hid.append(emb[[_next(x) for x in t]])
+        rows = emb[[_next(x) for x in t]]
+        if kv_layers:
+            kv = rng.normal(size=(length, 2 * w * len(kv_layers))).astype(np.float32)
+            rows = np.concatenate([rows, kv], axis=1)
+        hid.append(rows)
     arrays = quantize(np.concatenate(hid), dtype, 16)
     arrays["tokens"] = np.asarray(toks, dtype=np.int32)
     arrays["seq"] = np.asarray(seqs, dtype=np.int32)
@@ -61,6 +67,9 @@ def write_features(folder, spec, n_samples=24, length=30, dtype="int4", seed=0):
                 "shard_samples": n_samples, "complete": True, "tokens": len(toks),
                 "shards": [{"file": "features-00000.safetensors", "samples": n_samples,
                             "tokens": len(toks), "sha256": sha256_file(folder / "features-00000.safetensors")}]}
+    if kv_layers:
+        manifest.update(layers=[], kv_layers=list(kv_layers), kv_width=w,
+                        width=spec.n_embd + 2 * w * len(kv_layers))
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
 

@@ -124,14 +124,31 @@ class ExtractConfig:
     n_batch: int = 256  # tokens per decode, every one's hidden state read
     transform: str = "dct"  # int8/int4: channel scales + DCT before quantizing ("none": off)
     layers: tuple[int, ...] = ()  # also store these layers' inputs (EAGLE-3 features)
+    kv_layers: tuple[int, ...] = ()  # also store these layers' keys and values (shared-KV heads)
 
 
-def sample_hidden(engine, tokens: list[int], layers: tuple[int, ...] = ()) -> np.ndarray:
+def sample_hidden(engine, tokens: list[int], layers: tuple[int, ...] = (),
+                  kv_layers: tuple[int, ...] = ()) -> np.ndarray:
     """The target's final hidden state at every position of `tokens`: [T, E] float32 (read
     before the LM head where the engine can: llama.cpp's logits are then never computed).
-    With `layers`, each listed layer's input follows it: [T, E * (1 + len(layers))]."""
+    With `layers`, each listed layer's input follows it: [T, E * (1 + len(layers))]; with
+    `kv_layers`, then each listed layer's keys and values as its KV cache holds them (keys
+    after the norm and RoPE), `kv_width` floats each."""
     engine.reset()
+    if kv_layers:
+        return engine.hidden_states(tokens, layers=tuple(layers), kv_layers=tuple(kv_layers))
     return engine.hidden_states(tokens, layers=tuple(layers))
+
+
+def default_kv_layers(spec) -> tuple[int, ...]:
+    """The target layers a shared-KV head reads, one per head layer (llama.cpp's rule for
+    Gemma assistants): the last sliding-window layer, then the last global one; a target
+    without sliding layers: its last two layers."""
+    types = list(spec.layer_types)
+    if "sliding" in types and "global" in types:
+        last = lambda kind: max(i for i, t in enumerate(types) if t == kind)  # noqa: E731
+        return (last("sliding"), last("global"))
+    return (spec.n_layer - 2, spec.n_layer - 1)
 
 
 def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None = None,
@@ -164,7 +181,11 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
     man_path = out / "manifest.json"
     kind = "none" if cfg.dtype == "fp16" else cfg.transform
     settings = {"dtype": cfg.dtype, "group_size": cfg.group_size, "shard_samples": cfg.shard_samples,
-                "layers": [int(i) for i in cfg.layers]}
+                "layers": [int(i) for i in cfg.layers], "kv_layers": [int(i) for i in cfg.kv_layers]}
+    kv_width = spec.n_head_kv * spec.head_dim
+    bad = [i for i in cfg.kv_layers if not 0 <= i < spec.n_layer]
+    if bad:
+        raise EdgespecError(f"--kv layer {bad[0]} is not a layer of {spec.name} (0 to {spec.n_layer - 1})")
     manifest = read_json(man_path) if man_path.exists() else None
     if manifest and (manifest["target_fingerprint"] != spec.tokenizer_fingerprint
                      or {k: manifest.get(k, []) for k in settings} != settings
@@ -173,7 +194,10 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
                             "use a new --out folder")
     manifest = manifest or {"target": spec.name, "target_fingerprint": spec.tokenizer_fingerprint,
                             "n_embd": spec.n_embd, "n_vocab": spec.n_vocab, **settings,
-                            "width": spec.n_embd * (1 + len(cfg.layers)),
+                            "width": spec.n_embd * (1 + len(cfg.layers)) + 2 * kv_width * len(cfg.kv_layers),
+                            **({"kv_width": kv_width,
+                                "kv_layer_types": [spec.layer_types[i] for i in cfg.kv_layers]}
+                               if cfg.kv_layers else {}),
                             "data": str(data), "shards": [], "complete": False,
                             "transform": {"kind": kind} if kind == "none" else None}
     codec = Codec(cfg.dtype, cfg.group_size, manifest["transform"])
@@ -186,7 +210,7 @@ def extract(target, data: str | Path, out: str | Path, cfg: ExtractConfig | None
         chunk = samples[s0:s0 + cfg.shard_samples]
         toks, seqs, hid = [], [], []
         for s in chunk:
-            hid.append(sample_hidden(engine, s["tokens"], cfg.layers))
+            hid.append(sample_hidden(engine, s["tokens"], cfg.layers, cfg.kv_layers))
             toks.extend(s["tokens"])
             seqs.extend([s["index"]] * len(s["tokens"]))
             bar.update(len(s["tokens"]))
@@ -236,6 +260,9 @@ class _Samples:
 
     tokens: list[np.ndarray]
     _ids: list[int]  # the data-sample index of each sample
+    layers: tuple[int, ...] = ()  # layer inputs stored after the final hidden state
+    kv_layers: tuple[int, ...] = ()  # layers whose keys and values follow them
+    kv_width: int = 0  # floats of one layer's keys (or values) per token
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -249,8 +276,10 @@ class _Samples:
 
     @property
     def width(self) -> int:
-        """Floats per stored vector: the final hidden state, then any layer inputs."""
-        return self.n_embd * (1 + len(getattr(self, "layers", ())))
+        """Floats per stored vector: the final hidden state, then any layer inputs, then any
+        layers' keys and values."""
+        return (self.n_embd * (1 + len(getattr(self, "layers", ())))
+                + 2 * getattr(self, "kv_width", 0) * len(getattr(self, "kv_layers", ())))
 
 
 def open_features(features) -> "_Samples":
@@ -265,7 +294,7 @@ def open_features(features) -> "_Samples":
 
 def features_source(target, features: str | Path | None, data: str | Path | None,
                     online: bool = False, cache_mb: int = 1024,
-                    layers: tuple[int, ...] = ()) -> "_Samples | str | Path":
+                    layers: tuple[int, ...] = (), kv_layers: tuple[int, ...] = ()) -> "_Samples | str | Path":
     """What `train` reads: a features folder, or with `online` the target run over a data
     folder (`OnlineFeatures`). Exactly one of the two must be given."""
     if bool(features) == bool(online):
@@ -274,7 +303,7 @@ def features_source(target, features: str | Path | None, data: str | Path | None
         return features
     if not data:
         raise EdgespecError("--online needs --data DIR (the output of `edgespec data`)")
-    return OnlineFeatures(target, data, cache_mb=cache_mb, layers=layers)
+    return OnlineFeatures(target, data, cache_mb=cache_mb, layers=layers, kv_layers=kv_layers)
 
 
 def check_manifest(path: Path, m: dict) -> None:
@@ -293,9 +322,18 @@ def check_manifest(path: Path, m: dict) -> None:
     layers = m.get("layers", [])
     if not (isinstance(layers, list) and all(count(i) for i in layers)):
         raise bad(f"layers {layers!r}")
-    if m.get("width", e) != e * (1 + len(layers)):
+    kv = m.get("kv_layers", [])
+    if not (isinstance(kv, list) and all(count(i) for i in kv)):
+        raise bad(f"kv_layers {kv!r}")
+    kvw = m.get("kv_width", 0) if kv else 0
+    if not count(kvw) or (kv and not kvw):
+        raise bad(f"kv_width {kvw!r}")
+    if m.get("width", e) != e * (1 + len(layers)) + 2 * kvw * len(kv):
         raise bad(f"width {m.get('width')!r}")
-    e = e * (1 + len(layers))  # the stored vector: final hidden state, then each layer input
+    # the stored vector: final hidden state, each layer input, each KV layer's keys and values
+    e = e * (1 + len(layers)) + 2 * kvw * len(kv)
+    if m["dtype"] != "fp16" and e % g:
+        raise bad(f"width {e} not a multiple of group_size {g}")
     if not isinstance(m.get("target_fingerprint"), str):
         raise bad("target fingerprint")
     t = m.get("transform")
@@ -332,6 +370,8 @@ class Features(_Samples):
         self.codec = Codec(self.dtype, self.group, m.get("transform"))
         self.fingerprint, self.n_embd = m["target_fingerprint"], m["n_embd"]
         self.layers = tuple(m.get("layers", []))
+        self.kv_layers = tuple(m.get("kv_layers", []))
+        self.kv_width = int(m.get("kv_width", 0)) if self.kv_layers else 0
         self.tokens: list[np.ndarray] = []  # per sample
         self._where: list[tuple[int, int, int]] = []  # (shard, start, end) per sample
         self._ids = []
@@ -374,10 +414,12 @@ class FeatureSet(_Samples):
         parts = [f if isinstance(f, Features) else Features(f) for f in folders]
         first = parts[0]
         for f, p in zip(folders, parts):
-            if (p.fingerprint, p.n_embd, p.layers) != (first.fingerprint, first.n_embd, first.layers):
+            if ((p.fingerprint, p.n_embd, p.layers, p.kv_layers)
+                    != (first.fingerprint, first.n_embd, first.layers, first.kv_layers)):
                 raise EdgespecError(f"{f}: features of another target or other layers than {folders[0]}")
         self.parts = parts
         self.fingerprint, self.n_embd, self.layers = first.fingerprint, first.n_embd, first.layers
+        self.kv_layers, self.kv_width = first.kv_layers, first.kv_width
         dtypes = sorted({p.dtype for p in parts})
         self.dtype = dtypes[0] if len(dtypes) == 1 else "+".join(dtypes)
         self.manifest = first.manifest
@@ -393,12 +435,14 @@ class FeatureSet(_Samples):
 
 
 class FinalStateOnly(_Samples):
-    """A view of features that also hold layer inputs (`extract --layers`) with the final
-    hidden state alone, what the MTP head reads: one extraction feeds both kinds of head."""
+    """A view of features that also hold layer inputs (`extract --layers`) or keys and values
+    (`extract --kv`) with the final hidden state alone, what the MTP head reads: one
+    extraction feeds every kind of head."""
 
     def __init__(self, feats: _Samples):
         self.inner = feats
         self.fingerprint, self.n_embd, self.layers = feats.fingerprint, feats.n_embd, ()
+        self.kv_layers, self.kv_width = (), 0
         self.dtype, self.manifest = feats.dtype, feats.manifest
         self.tokens, self._ids = feats.tokens, feats.sample_ids()
 
@@ -407,8 +451,10 @@ class FinalStateOnly(_Samples):
 
 
 def final_state_only(feats: _Samples) -> _Samples:
-    """`feats` as the MTP head reads them: unchanged without layer inputs, else `FinalStateOnly`."""
-    return FinalStateOnly(feats) if getattr(feats, "layers", ()) else feats
+    """`feats` as the MTP head reads them: unchanged with the final state alone, else
+    `FinalStateOnly`."""
+    return (FinalStateOnly(feats) if getattr(feats, "layers", ()) or getattr(feats, "kv_layers", ())
+            else feats)
 
 
 class OnlineFeatures(_Samples):
@@ -422,7 +468,7 @@ class OnlineFeatures(_Samples):
     dtype = "online"
 
     def __init__(self, target, data: str | Path, cache_mb: int = 1024, n_batch: int = 64, engine=None,
-                 layers: tuple[int, ...] = ()):
+                 layers: tuple[int, ...] = (), kv_layers: tuple[int, ...] = ()):
         from collections import OrderedDict
 
         from edgespec.training.data import read_data
@@ -438,6 +484,8 @@ class OnlineFeatures(_Samples):
                                 f"{data_manifest['target_fingerprint']} != {spec.tokenizer_fingerprint})")
         self.fingerprint, self.n_embd = spec.tokenizer_fingerprint, spec.n_embd
         self.layers = tuple(layers)
+        self.kv_layers = tuple(kv_layers)
+        self.kv_width = spec.n_head_kv * spec.head_dim if self.kv_layers else 0
         self.tokens = [np.asarray(s["tokens"], dtype=np.int32) for s in samples]
         self._ids = [int(s["index"]) for s in samples]
         self.manifest = {"target": spec.name, "target_fingerprint": self.fingerprint, "data": str(data),
@@ -452,7 +500,7 @@ class OnlineFeatures(_Samples):
             self._cache.move_to_end(i)
             return self._cache[i].astype(np.float32)
         t0 = time.perf_counter()
-        h = sample_hidden(self.engine, [int(x) for x in self.tokens[i]], self.layers)
+        h = sample_hidden(self.engine, [int(x) for x in self.tokens[i]], self.layers, self.kv_layers)
         self.target_seconds += time.perf_counter() - t0
         self.target_tokens += len(h)
         if h.nbytes // 2 <= self._budget:

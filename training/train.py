@@ -26,12 +26,14 @@ from edgespec.errors import EdgespecError
 from edgespec.gguf_meta import TensorRows
 from edgespec.io import atomic_write, atomic_write_text, progress
 from edgespec.runtime.formats import (CKPT_CONFIG, CKPT_META_CONFIG, CKPT_STATE, CKPT_WEIGHTS, DRAFT_IDS,
-                                       Eagle3Config, HeadConfig, head_arch, read_checkpoint_config)
+                                       Eagle3Config, HeadConfig, SharedKVConfig, head_arch,
+                                       read_checkpoint_config)
 from edgespec.targets import KNOWN_TARGETS, TargetSpec, embedding_rows, load_target_spec
 from edgespec.training.distributed import World, lost_peer
 from edgespec.training.features import Features, final_state_only, open_features
 from edgespec.training.eagle3 import Eagle3Head
 from edgespec.training.head import MTPHead
+from edgespec.training.shared_kv import SharedKVHead
 
 EVAL_EVERY = 20  # every 20th sample (by index) is held out
 
@@ -93,7 +95,7 @@ class TrainConfig:
     max_train_tokens: int = 0  # 0: every training sample; else a fixed random subset this large
     save_every: int = 250
     threads: int = 0  # 0: torch's default
-    arch: str = "mtp"  # "mtp" (edgespec's head) or "eagle3" (llama.cpp's EAGLE-3 graph)
+    arch: str = "mtp"  # "mtp" (edgespec's head), "eagle3" (llama.cpp's EAGLE-3 graph) or "shared-kv"
     init_from: str = ""  # a checkpoint whose weights and draft vocabulary a new run starts from
 
     @classmethod
@@ -164,18 +166,35 @@ class Batcher:
         return toks[start:start + length], hid[start:start + length]
 
     def batch(self, samples: list[int], starts: list[int]):
+        """(tokens, hidden, valid, embeddings) of the windows; features with keys and values
+        (a shared-KV head's) also give the target's K/V rows from each sample's start to its
+        window's end, which keys are real, and each window's start."""
         c = self.cfg
         length = c.seq_len + c.n_steps  # positions that carry a hidden state or a token
+        kv_on = bool(self.f.kv_layers)
+        e = self.f.n_embd if kv_on else self.f.width
         toks = np.zeros((len(samples), length), dtype=np.int64)
-        hid = np.zeros((len(samples), length, self.f.width), dtype=np.float32)
+        hid = np.zeros((len(samples), length, e), dtype=np.float32)
         valid = np.zeros((len(samples), length), dtype=bool)
+        if kv_on:
+            span = max(s + length for s in starts)
+            kv = np.zeros((len(samples), span, self.f.width - e), dtype=np.float32)
+            kv_valid = np.zeros((len(samples), span), dtype=bool)
         for b, i in enumerate(samples):
-            t, h = self.window(i, length, starts[b])
-            toks[b, :len(t)], hid[b, :len(t)], valid[b, :len(t)] = t, h, True
+            full = self.f.hidden(i)
+            t, h = self.f.tokens[i][starts[b]:starts[b] + length], full[starts[b]:starts[b] + length]
+            toks[b, :len(t)], hid[b, :len(t)], valid[b, :len(t)] = t, h[:, :e], True
+            if kv_on:
+                n = min(len(full), starts[b] + length)
+                kv[b, :n], kv_valid[b, :n] = full[:n, e:], True
         uniq, inv = np.unique(toks, return_inverse=True)
         emb = self.embed[uniq][inv.reshape(toks.shape)]
-        return (torch.from_numpy(toks), torch.from_numpy(hid), torch.from_numpy(valid),
-                torch.from_numpy(emb))
+        out = (torch.from_numpy(toks), torch.from_numpy(hid), torch.from_numpy(valid),
+               torch.from_numpy(emb))
+        if kv_on:
+            out += (torch.from_numpy(kv), torch.from_numpy(kv_valid),
+                    torch.as_tensor(starts, dtype=torch.long))
+        return out
 
 
 def loss_counts(toks, valid, cfg: TrainConfig, t2d=None) -> torch.Tensor:
@@ -192,7 +211,7 @@ def loss_counts(toks, valid, cfg: TrainConfig, t2d=None) -> torch.Tensor:
     return torch.stack(out).double()
 
 
-def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d, counts):
+def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d, counts, *kv):
     """Weighted KL (plus, with `topk_weight`, the cross-entropy on the target's top-K draft
     tokens once more: a ranking-aware term in the manner of HASS) over unrolled steps; returns
     (loss, per-step top-1 agreement counts).
@@ -201,7 +220,11 @@ def chain_loss(head: MTPHead, toks, hid, valid, emb, cfg: TrainConfig, t2d, coun
     (divided by the KL counts once summed over the ranks)."""
     n, T = cfg.n_steps, hid.shape[1] - cfg.n_steps
     per = 2 if cfg.ce_weight and t2d is not None else 1
-    outs = head.forward_chain(emb[:, 1:], hid[:, :T], n, valid=valid[:, :T])
+    if kv:  # a shared-KV head: the target's keys and values, which are real, window starts
+        outs = head.forward_chain(emb[:, 1:], hid[:, :T], n, valid=valid[:, :T], kv=kv[0],
+                                  kv_valid=kv[1], offset=kv[2])
+    else:
+        outs = head.forward_chain(emb[:, 1:], hid[:, :T], n, valid=valid[:, :T])
     total, accs = 0.0, []
     wsum = sum(cfg.step_decay ** j for j in range(n))
     with torch.no_grad():  # the target's distribution at every position, once for all steps
@@ -237,8 +260,8 @@ class _ChainLoss(torch.nn.Module):
         super().__init__()
         self.head, self.cfg, self.t2d = head, cfg, t2d
 
-    def forward(self, toks, hid, valid, emb, counts):
-        return chain_loss(self.head, toks, hid, valid, emb, self.cfg, self.t2d, counts)
+    def forward(self, toks, hid, valid, emb, counts, *kv):
+        return chain_loss(self.head, toks, hid, valid, emb, self.cfg, self.t2d, counts, *kv)
 
 
 # -- checkpoints ------------------------------------------------------------------------------
@@ -259,6 +282,16 @@ def save_checkpoint(folder: Path, head: MTPHead, meta: dict) -> None:
     atomic_write_text(folder / CKPT_CONFIG, text)
 
 
+def make_head(config: dict):
+    """An untrained head of the architecture and shape a checkpoint's config gives."""
+    arch = head_arch(config)
+    if arch == "eagle3":
+        return Eagle3Head(Eagle3Config.from_dict(config))
+    if arch == "shared-kv":
+        return SharedKVHead(SharedKVConfig.from_dict(config))
+    return MTPHead(HeadConfig.from_dict(config))
+
+
 def load_checkpoint(folder: str | Path) -> tuple[MTPHead | Eagle3Head, dict]:
     from safetensors.torch import load_file
 
@@ -268,8 +301,7 @@ def load_checkpoint(folder: str | Path) -> tuple[MTPHead | Eagle3Head, dict]:
         state = load_file(str(folder / CKPT_WEIGHTS))
     except Exception as e:
         raise EdgespecError(f"{folder / CKPT_WEIGHTS}: unreadable ({e})") from None
-    head = (Eagle3Head(Eagle3Config.from_dict(meta["head"])) if head_arch(meta["head"]) == "eagle3"
-            else MTPHead(HeadConfig.from_dict(meta["head"])))
+    head = make_head(meta["head"])
     ids = state.pop(DRAFT_IDS)
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
@@ -319,11 +351,35 @@ def eagle3_config_for(spec: TargetSpec, n_draft_vocab: int, layers) -> Eagle3Con
                         context_length=spec.n_ctx_train)
 
 
-def new_head(spec: TargetSpec, cfg: TrainConfig, n_draft_vocab: int, layers=(), **overrides):
+def shared_kv_config_for(spec: TargetSpec, n_draft_vocab: int, kv_layers, **overrides) -> SharedKVConfig:
+    """A shared-KV head for a target: one head layer per KV layer the features hold, of that
+    layer's type, the target's query and KV head shapes, window, RoPE bases, norm epsilon."""
+    if not kv_layers:
+        raise EdgespecError("--arch shared-kv needs features with the target's keys and values: "
+                            "extract with --kv")
+    types = [spec.layer_types[i] for i in kv_layers]
+    c = SharedKVConfig(n_embd=spec.n_embd, n_draft_vocab=n_draft_vocab, kv_layers=[int(i) for i in kv_layers],
+                       layer_types=types, n_head=spec.n_head, n_head_kv=spec.n_head_kv,
+                       head_dim=spec.head_dim, d_model=spec.n_embd,
+                       sliding_window=spec.sliding_window or 4096,
+                       rope_base_local=spec.rope_base_local or spec.rope_base_global,
+                       rope_base_global=spec.rope_base_global, rms_eps=spec.rms_eps,
+                       embed_scale=spec.embed_scale)
+    for k, v in overrides.items():
+        if not hasattr(c, k):
+            raise EdgespecError(f"a shared-KV head has no option {k}")
+        setattr(c, k, v)
+    return c
+
+
+def new_head(spec: TargetSpec, cfg: TrainConfig, n_draft_vocab: int, layers=(), kv_layers=(),
+             **overrides):
     if cfg.arch == "eagle3":
         return Eagle3Head(eagle3_config_for(spec, n_draft_vocab, layers))
+    if cfg.arch == "shared-kv":
+        return SharedKVHead(shared_kv_config_for(spec, n_draft_vocab, kv_layers, **overrides))
     if cfg.arch != "mtp":
-        raise EdgespecError(f"unknown --arch {cfg.arch}; choose mtp or eagle3")
+        raise EdgespecError(f"unknown --arch {cfg.arch}; choose mtp, eagle3 or shared-kv")
     if layers:
         raise EdgespecError("these features hold layer inputs (for --arch eagle3); the MTP head "
                             "reads the final hidden state only: extract without --layers")
@@ -434,6 +490,9 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
     feats = open_features(features)
     if cfg.arch == "mtp":  # features with layer inputs too: the MTP head reads the final state
         feats = final_state_only(feats)
+    elif cfg.arch == "shared-kv" and getattr(feats, "layers", ()):
+        raise EdgespecError(f"{features} holds layer inputs (for --arch eagle3); a shared-KV head "
+                            "reads the final hidden state and the keys and values: extract with --kv")
     if feats.fingerprint != spec.tokenizer_fingerprint:
         raise EdgespecError(f"{features} holds features of another target (fingerprint "
                             f"{feats.fingerprint} != {spec.tokenizer_fingerprint})")
@@ -464,10 +523,14 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
             vocab = build_draft_vocab([feats.tokens[i] for i in train_idx], cfg.draft_vocab,
                                       spec.n_vocab, always=[spec.eos_id])
             head = new_head(spec, cfg, len(vocab["ids"]), getattr(feats, "layers", ()),
-                            **(head_overrides or {}))
+                            getattr(feats, "kv_layers", ()), **(head_overrides or {}))
             head.lm_head.copy_(torch.from_numpy(embed[vocab["ids"]]))
         start, state = 0, None
         meta = {}
+    if tuple(getattr(feats, "kv_layers", ())) != tuple(getattr(head.c, "kv_layers", ())):
+        raise EdgespecError(f"{features} holds the keys and values of layers "
+                            f"{list(getattr(feats, 'kv_layers', ())) or 'none'}; the head in {out} reads "
+                            f"{list(getattr(head.c, 'kv_layers', ())) or 'none'}")
     if tuple(getattr(feats, "layers", ())) != tuple(getattr(head.c, "target_layers", ())):
         raise EdgespecError(f"{features} holds features of layers {list(getattr(feats, 'layers', ()))}; "
                             f"the head in {out} reads {list(getattr(head.c, 'target_layers', ())) or 'none'}")
@@ -513,10 +576,10 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
         for o, lrs in zip(opts, base_lrs):
             for g, lr in zip(o.param_groups, lrs):
                 g["lr"] = lr * _lr_factor(step, cfg)
-        toks, hid, valid, emb = (x.to(world.device) for x in batcher.for_step(step))
+        toks, hid, valid, emb, *kv = (x.to(world.device) for x in batcher.for_step(step))
         try:
             counts = world.sum(loss_counts(toks, valid, cfg, t2d).to(world.device))
-            loss, agrees = model(toks, hid, valid, emb, counts)
+            loss, agrees = model(toks, hid, valid, emb, counts, *kv)
             for o in opts:
                 o.zero_grad(set_to_none=True)
             # DDP averages the ranks' gradients; each rank's loss is its part of the global mean
@@ -576,12 +639,17 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
         from edgespec.training.features import OnlineFeatures
 
         features = OnlineFeatures(spec.path if spec.name not in KNOWN_TARGETS else spec.name, features,
-                                  layers=tuple(getattr(head.c, "target_layers", ())))
+                                  layers=tuple(getattr(head.c, "target_layers", ())),
+                                  kv_layers=tuple(getattr(head.c, "kv_layers", ())))
     feats = open_features(features)
     if feats.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{features} holds features of another target than the head's")
     want = tuple(getattr(head.c, "target_layers", ()))
-    if not want:  # an MTP head reads the final hidden state, stored first when layers are too
+    want_kv = tuple(getattr(head.c, "kv_layers", ()))
+    if tuple(feats.kv_layers) != want_kv and (want_kv or want):
+        raise EdgespecError(f"{features} holds the keys and values of layers "
+                            f"{list(feats.kv_layers) or 'none'}; this head reads {list(want_kv) or 'none'}")
+    if not want and not want_kv:  # an MTP head reads the final hidden state, stored first
         feats = final_state_only(feats)
     if tuple(getattr(feats, "layers", ())) != want:
         raise EdgespecError(f"{features} holds features of layers {list(getattr(feats, 'layers', ()))}; "
@@ -603,7 +671,12 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
             continue
         target_next = (hid[:, :full.shape[1]] @ full.T).argmax(-1)  # the target's greedy token after each position
         emb = torch.from_numpy(embed[toks.numpy()])[None]
-        outs = head.forward_chain(emb[:, 1:], hid[None, :T], max_chain)
+        if want_kv:  # the target's keys and values from the sample's start
+            e = feats.n_embd
+            outs = head.forward_chain(emb[:, 1:], hid[None, :T, :e], max_chain, kv=hid[None, :, e:],
+                                      kv_valid=torch.ones(1, len(hid), dtype=torch.bool))
+        else:
+            outs = head.forward_chain(emb[:, 1:], hid[None, :T], max_chain)
         drafts = [ids[head.logits(out[0]).argmax(-1)] for out in outs]
         t, a = chain_counts(drafts, target_next, toks, start_from)
         tried += t

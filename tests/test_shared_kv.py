@@ -1,0 +1,209 @@
+"""The shared-KV head (training/shared_kv.py): query-only attention into the target's keys and
+values, trained on features that store them (`extract --kv`)."""
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgespec.errors import EdgespecError  # noqa: E402
+from edgespec.runtime.formats import HeadConfig, SharedKVConfig, head_arch  # noqa: E402
+from edgespec.targets import load_target_spec  # noqa: E402
+from test_targets import write_tiny_gguf  # noqa: E402
+from test_train import VOCAB, small_cfg, write_features  # noqa: E402
+
+
+def _config(**kw):
+    c = dict(n_embd=16, n_draft_vocab=12, kv_layers=[4, 5], layer_types=["sliding", "global"],
+             n_head=2, n_head_kv=1, head_dim=8, d_model=24, n_ff=32, sliding_window=8)
+    c.update(kw)
+    return SharedKVConfig(**c)
+
+
+def _head(seed=0, **kw):
+    from edgespec.training.shared_kv import SharedKVHead
+
+    torch.manual_seed(seed)
+    h = SharedKVHead(_config(**kw))
+    h.lm_head.normal_()
+    for p in h.parameters():  # RMSNorm weights start at 0 (Gemma's 1 + w): perturb them too
+        p.data.add_(0.1 * torch.randn_like(p))
+    return h.eval()
+
+
+def _inputs(T=20, n_steps=3, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    emb = torch.randn(1, T + n_steps, 16, generator=g)
+    hid = torch.randn(1, T, 16, generator=g)
+    kv = torch.randn(1, T + 5, 2 * 8 * 2, generator=g)
+    return emb, hid, kv
+
+
+@torch.no_grad()
+def test_training_chain_equals_run_time_steps_at_one_position():
+    """Every step of the chain starting after position t sits at t + 1 and reads the target's
+    keys at positions <= t; its input is its own last output: stepping one chain by hand gives
+    what the training-time unroll gives at that start."""
+    head = _head()
+    emb, hid, kv = _inputs()
+    T, n = hid.shape[1], 3
+    outs = head.forward_chain(emb, hid, n, kv=kv, kv_valid=torch.ones(1, kv.shape[1], dtype=torch.bool))
+    pairs = head.split_kv(kv)
+    for t in (0, 7, 15):
+        qpos = torch.tensor([[t + 1]])
+        masks = head.masks(qpos, torch.ones(1, kv.shape[1], dtype=torch.bool))
+        h = hid[:, t:t + 1]
+        for j in range(n):
+            h = head.forward_steps(head.step_input(emb[:, t + j:t + j + 1], h), qpos, pairs, masks)
+            assert torch.allclose(h[0, 0], outs[j][0, t], atol=1e-5), (t, j)
+
+
+@torch.no_grad()
+def test_a_query_sees_the_keys_before_it_and_sliding_layers_only_their_window():
+    head = _head()
+    emb, hid, kv = _inputs()
+    ones = torch.ones(1, kv.shape[1], dtype=torch.bool)
+    base = head.forward_chain(emb, hid, 2, kv=kv, kv_valid=ones)
+    t = 12  # chain start: query position 13, keys 0..12; the sliding window (8) keeps 6..12
+    later = kv.clone()
+    later[:, t + 1:] += 5.0  # keys and values the query must not see yet
+    out = head.forward_chain(emb, hid, 2, kv=later, kv_valid=ones)
+    assert torch.allclose(out[1][0, t], base[1][0, t], atol=1e-5)
+    assert not torch.allclose(out[1][0, t + 1], base[1][0, t + 1], atol=1e-3)
+    w = 8  # one KV layer's keys + values = 16 floats; the sliding layer's come first
+    old = kv.clone()
+    old[:, :t - 7 + 1, :2 * w] += 5.0  # outside the sliding layer's window (positions <= 5)
+    out = head.forward_chain(emb, hid, 2, kv=old, kv_valid=ones)
+    assert torch.allclose(out[0][0, t], base[0][0, t], atol=1e-5)
+    old[:, :t - 7 + 1, 2 * w:] += 5.0  # the global layer sees them
+    out = head.forward_chain(emb, hid, 2, kv=old, kv_valid=ones)
+    assert not torch.allclose(out[0][0, t], base[0][0, t], atol=1e-3)
+    inside = kv.clone()
+    inside[:, t, :2 * w] += 5.0  # the newest key, inside the window
+    out = head.forward_chain(emb, hid, 2, kv=inside, kv_valid=ones)
+    assert not torch.allclose(out[0][0, t], base[0][0, t], atol=1e-3)
+
+
+def test_config_round_trip_and_refusals():
+    c = _config()
+    assert SharedKVConfig.from_dict(c.to_dict()) == c and head_arch(c.to_dict()) == "shared-kv"
+    with pytest.raises(EdgespecError, match="not an MTP head"):
+        HeadConfig.from_dict(c.to_dict())  # a shared-KV checkpoint is never read as an MTP head
+    with pytest.raises(EdgespecError, match="one layer id and type per head layer"):
+        SharedKVConfig.from_dict(dict(c.to_dict(), layer_types=["sliding"]))
+    with pytest.raises(EdgespecError, match="not a shared-KV head"):
+        SharedKVConfig.from_dict(dict(c.to_dict(), arch="mtp"))
+
+
+def write_kv_features(folder, spec, kv_layers=(4, 5)):
+    """Synthetic features in `extract --kv`'s layout (test_train.write_features)."""
+    return write_features(folder, spec, dtype="fp16", kv_layers=kv_layers)
+
+
+@pytest.fixture()
+def tiny_kv(tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", n_layer=6, vocab=VOCAB)
+    spec = load_target_spec(path)
+    return path, spec, write_kv_features(tmp_path / "feat-kv", spec), tmp_path
+
+
+def test_shared_kv_head_trains_resumes_and_evaluates(tiny_kv):
+    from edgespec.training.features import Features, default_kv_layers
+    from edgespec.training.train import eval_head, load_checkpoint, train
+
+    path, spec, feats, tmp = tiny_kv
+    assert default_kv_layers(spec) == (4, 5)  # the last sliding and the last global layer
+    f = Features(feats)
+    assert f.kv_layers == (4, 5) and f.width == spec.n_embd + 2 * 2 * f.kv_width
+    cfg = small_cfg(arch="shared-kv")
+    meta = train(str(path), feats, tmp / "skv", cfg, head_overrides={"n_ff": 32, "d_model": 24},
+                 log=lambda m: None)
+    hist = meta["train"]["history"]
+    assert hist[-1]["loss"] < hist[0]["loss"] * 0.7
+    head, m = load_checkpoint(tmp / "skv")
+    assert head_arch(m["head"]) == "shared-kv" and head.c.kv_layers == [4, 5]
+    assert head.c.layer_types == ["sliding", "global"] and head.c.d_model == 24
+    r = eval_head(tmp / "skv", feats, max_chain=3)
+    assert r["expected_accepted"]["1"] >= 0.4, r
+    more = train(str(path), feats, tmp / "skv", small_cfg(arch="shared-kv", steps=70), resume=True,
+                 log=lambda m: None)
+    assert more["train"]["steps_done"] == 60
+    # an MTP head trains on the same features (their final hidden states)
+    mtp = train(str(path), feats, tmp / "mtp", small_cfg(steps=6, warmup=2, save_every=6),
+                head_overrides={"n_head": 2, "n_head_kv": 1, "head_dim": 8, "n_ff": 32},
+                log=lambda m: None)
+    assert mtp["train"]["steps_done"] == 6
+
+
+def test_shared_kv_refusals(tiny_kv, tmp_path):
+    from edgespec.runtime.formats import read_checkpoint_head
+    from edgespec.training.train import eval_head, train
+
+    path, spec, feats, tmp = tiny_kv
+    plain = write_features(tmp / "plain", spec)
+    with pytest.raises(EdgespecError, match="extract with --kv"):
+        train(str(path), plain, tmp / "a", small_cfg(arch="shared-kv"), log=lambda m: None)
+    train(str(path), feats, tmp / "skv", small_cfg(arch="shared-kv", steps=4, warmup=2, save_every=4),
+          log=lambda m: None)
+    other = write_kv_features(tmp / "other-map", spec, kv_layers=(3, 5))
+    with pytest.raises(EdgespecError, match="keys and values of layers"):
+        train(str(path), other, tmp / "skv", small_cfg(arch="shared-kv", steps=8), resume=True,
+              log=lambda m: None)
+    with pytest.raises(EdgespecError, match="keys and values of layers"):
+        eval_head(tmp / "skv", other, max_chain=2)
+    with pytest.raises(EdgespecError, match="keys and values of layers"):
+        eval_head(tmp / "skv", plain, max_chain=2)
+    with pytest.raises(EdgespecError, match="shared-KV head"):
+        read_checkpoint_head(tmp / "skv")  # where an MTP head file is read (drafting, export)
+
+
+@pytest.mark.integration
+def test_extract_kv_stores_the_keys_the_gemma_cache_holds(tmp_path):
+    """`extract --kv` on the real Gemma 3 270M: the last sliding and the last global layer
+    (16, 17), and each key row is the post-norm key turned by RoPE at its position, as the
+    cache stores it (checked against the pre-RoPE tensor read from the same graph)."""
+    from edgespec.runtime.llama_target import LlamaTarget
+    from edgespec.training.data import DataConfig, make_data
+    from edgespec.training.features import ExtractConfig, Features, default_kv_layers, extract
+
+    spec = load_target_spec("gemma3-270m")
+    kv = default_kv_layers(spec)
+    assert kv == (16, 17) and [spec.layer_types[i] for i in kv] == ["sliding", "global"]
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"prompt": f"Rivers, cities and trains, part {i}:"}) + "\n"
+                           for i in range(4)))
+    make_data("gemma3-270m", [str(src)], tmp_path / "d",
+              DataConfig(n_prompts=4, prompt_tokens=8, new_tokens=24, sample_share=0.0))
+    m = extract("gemma3-270m", tmp_path / "d", tmp_path / "f",
+                ExtractConfig(dtype="fp16", kv_layers=kv, shard_samples=2))
+    w = spec.n_head_kv * spec.head_dim
+    assert m["kv_layers"] == [16, 17] and m["kv_width"] == w == 256
+    assert m["width"] == spec.n_embd + 4 * w and m["kv_layer_types"] == ["sliding", "global"]
+    f = Features(tmp_path / "f")
+    toks = [int(t) for t in f.tokens[1]]
+    rows = f.hidden(1)
+    assert rows.shape == (len(toks), spec.n_embd + 4 * w)
+    eng = LlamaTarget("gemma3-270m", n_ctx=256, n_batch=64, lm_head="full", probe=True)
+    try:  # the pre-RoPE keys of the same tokens, read from the graph by name
+        eng._set_embeddings(False)
+        names = [b"Kcur_normed-16", b"Kcur_normed-17"]
+        eng._grabbed.clear()
+        eng._grab_layers.clear()
+        eng._grab_layers.update(names)
+        eng._grab = True
+        eng._run_batch([(0, 0, toks, [True] * len(toks))])
+        eng._grab = False
+        pre = {n: r.reshape(len(toks), w) for n, r in eng._grabbed if n in names}
+    finally:
+        eng.close()
+    pos = np.arange(len(toks))[:, None]
+    for i, (name, base) in enumerate(zip(names, (spec.rope_base_local, spec.rope_base_global))):
+        ang = pos * (1.0 / base ** (np.arange(0, w, 2) / w))
+        ang = np.concatenate([ang, ang], 1)
+        k = pre[name]
+        turned = k * np.cos(ang) + np.concatenate([-k[:, w // 2:], k[:, :w // 2]], 1) * np.sin(ang)
+        stored = rows[:, spec.n_embd + 2 * i * w:spec.n_embd + (2 * i + 1) * w]
+        assert np.abs(stored - turned).max() <= 2e-2 * np.abs(turned).max()  # fp16 storage
+        assert np.abs(stored - k).max() > 0.1 * np.abs(k).max()  # not the unturned keys

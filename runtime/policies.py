@@ -419,7 +419,15 @@ class CostAware(DraftPlanner):
         acc = self._acc(source)
         if not draft.conf:
             return self._best(acc[:len(draft.tokens)], source)
-        best = self._best(self.calibrated(source, draft.conf), source)
+        cal = self.calibrated(source, draft.conf)
+        best = self._best(cal, source)
+        if not self._free(source):
+            # the positions trimmed away are never verified, so their acceptance estimates
+            # would keep the prior and `limit` would go on asking for drafts its scores then
+            # throw away (a head whose every step is computed for nothing): they learn what
+            # the scores expect of them instead
+            for j in range(best, min(len(cal), len(acc))):
+                acc[j] += self.ema * (cal[j] - acc[j])
         if best == 0 and draft.tokens and self._free(source):
             # a free source's tries: now and then its first token is checked anyway, so a score
             # band that once did not pay keeps being measured and can recover

@@ -333,3 +333,22 @@ def test_a_free_scored_source_is_judged_by_its_scores_not_held_back():
     for _ in range(5):
         dear.update(dear.trim(head) or 1, 0, "head")
     assert dear.limit("head") == 0  # held back before drafting, as before
+
+
+def test_drafts_their_scores_trim_away_teach_the_estimate_so_they_stop_being_computed():
+    """A head whose confidences say its drafts will not be accepted: each draft is trimmed to
+    nothing, and since trimmed drafts are never verified, the acceptance estimates learn what
+    the scores expect instead: the policy soon stops asking the head to draft at all (bar the
+    periodic tries), so its steps are not computed for nothing."""
+    p = CostAware(3, [0.010, 0.013, 0.016, 0.019], draft_step_s=0.002, prior=0.8,
+                  probe_every=16)
+    asked = []
+    for _ in range(64):
+        n = p.limit("head")
+        asked.append(n)
+        if n:
+            drafted = p.trim(Draft([1, 2, 3][:n], conf=[0.05, 0.04, 0.03][:n], source="head"))
+            assert drafted in (0, n)  # trimmed to nothing unless a try (verified whole)
+            p.update(drafted, 0, "head")
+    assert asked[0] > 0 and asked[-16:].count(0) >= 15, asked
+    assert sum(1 for n in asked if n) <= 12, asked

@@ -8,10 +8,11 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 # llama.cpp's AMX kernels (compiled in by -march=native on Intel Xeons that have AMX) crash in
 # their matrix multiply on this llama.cpp (a known, unfixed llama.cpp bug): every llama.cpp
 # build here leaves them out. The same flags as edgespec/llama_lib.py's CPU_FLAGS (a test checks).
+# CMAKE_ARGS given by the caller come after them (their own compiler flags win).
 LLAMA_CPU_FLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
-export CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(LLAMA_CPU_FLAGS)' -DCMAKE_CXX_FLAGS='$(LLAMA_CPU_FLAGS)'
+export CMAKE_ARGS := -DCMAKE_C_FLAGS='$(LLAMA_CPU_FLAGS)' -DCMAKE_CXX_FLAGS='$(LLAMA_CPU_FLAGS)' $(CMAKE_ARGS)
 
-.PHONY: setup demo test test-fast llama-lib llama-tools browser speculators clean
+.PHONY: setup demo test test-fast llama-lib llama-tools browser speculators optimum clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +51,18 @@ $(SPEC_VENV)/.installed:
 	touch $@
 
 speculators: $(SPEC_VENV)/.installed
+
+# optimum-onnx (Hugging Face's ONNX exporter), in a venv of its own: it pins transformers < 4.58,
+# edgespec's venv has transformers 5. Only for scripts/optimum_compare.py's comparison of its
+# Gemma 3 export with edgespec's ONNX target (docs/export.md); torch pinned to the CPU build.
+OPT_VENV := .venv-optimum
+$(OPT_VENV)/.installed:
+	$(PYTHON) -m venv $(OPT_VENV)
+	$(OPT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OPT_VENV)/bin/python -m pip install --quiet "optimum-onnx[onnxruntime]==0.1.0" "torch==2.13.0"
+	touch $@
+
+optimum: $(OPT_VENV)/.installed
 
 # Headless Chromium for the chat page's browser test (Debian's `chromium`), from the system's
 # package manager where this user may use it; without it that one test is skipped, saying so.

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 from edgespec.errors import EdgespecError
 from edgespec.targets import TargetSpec
+
+
+@functools.lru_cache(maxsize=8)
+def _template(source: str):
+    """A chat template compiled once (compiling costs milliseconds a call; rendering far less)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(source)
 
 
 def render_chat(spec: TargetSpec, messages: list[dict], add_generation_prompt: bool = True,
@@ -13,12 +23,9 @@ def render_chat(spec: TargetSpec, messages: list[dict], add_generation_prompt: b
     if not spec.chat_template:
         return "\n".join(m["content"] for m in messages) + ("\n" if add_generation_prompt else "")
     import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     try:
-        tmpl = env.from_string(spec.chat_template)
-        return tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
+        return _template(spec.chat_template).render(messages=messages, add_generation_prompt=add_generation_prompt,
                            bos_token="", eos_token="", tools=tools, tool_choice=tool_choice)
     except jinja2.TemplateError as e:
         raise EdgespecError(f"the target's chat template failed to render ({e})") from None

@@ -43,6 +43,10 @@ class Draft:
     q: list[tuple[np.ndarray, np.ndarray] | None] = field(default_factory=list)
     conf: list[float] = field(default_factory=list)  # the drafter's top probability per step
     source: str = ""  # which drafter made it ("lookup", "head"): policies keep apart estimates
+    # sampling: per draft token, the uniform draw the target's row for it will use (set by the
+    # loop; a draft stands where the target's draw picks it, which a low draw makes likelier:
+    # the cost policy learns how much, `CostAware.trim`)
+    u: list[float] = field(default_factory=list)
     # Seconds per draft step as the policy should count it, where the drafter knows better than
     # the whole call's time: a head that first reads rows waiting since it last drafted reports
     # its step without that catch-up (None: time the call)
@@ -355,6 +359,10 @@ class Generation:
         draft = self.drafter.propose(self.context, self.hidden.take(), k, p_min=self.policy.p_min,
                                      limit=self.policy.limit)
         made = min(k, len(draft.tokens))
+        draws = self.verifier.draws
+        if draws is not None:
+            at = len(self.token_ids)
+            draft.u = [draws[at + j] for j in range(made)]
         n = min(made, self.policy.trim(draft), self.verifier.allows(draft.tokens[:made], draft.q))
         draft.tokens, draft.q = draft.tokens[:n], draft.q[:n]
         dt = time.perf_counter() - td

@@ -108,6 +108,15 @@ CALIB_BINS = 10
 CALIB_PRIOR = 4.0  # pseudo-drafts per bin, accepted as often as their confidence says
 CALIB_CAP = 256.0  # past this many drafts a bin halves its counts: recent ones weigh more
 FREE_STEP = 0.01  # a draft step under this share of a one-token pass costs next to nothing
+# Sampling: a draft stands where the target's draw for its row picks it (verify.SampledVerifier),
+# and llama.cpp's dist walks the candidates from the most likely one, so a draft of the likely
+# token is accepted under a low draw and rarely under a high one. Per source, the policy keeps
+# the acceptance of drafts by the quantile of their draw (U_BINS bins of [0, 1)) and scales a
+# draft's expected acceptance by its bin's rate over the source's overall rate (U_PRIOR
+# pseudo-drafts per bin at the overall rate): a chain is verified as far as its draws make
+# paying likely. Greedy drafts carry no draws and are judged as before.
+U_BINS = 5
+U_PRIOR = 8.0
 
 
 def verify_head(engine, top_only: bool) -> str:
@@ -312,6 +321,10 @@ class CostAware(DraftPlanner):
         self.calib: dict[str, list[list[float]]] = {}
         self._conf: dict[str, list[float]] = {}
         self._scored: set[str] = set()  # sources whose drafts carry confidences
+        # sampling: per source, [accepted, drafted] per draw bin; the draws of each source's
+        # last trimmed draft wait here for its verification
+        self.by_draw: dict[str, list[list[float]]] = {}
+        self._u: dict[str, list[float]] = {}
         for source, entry in (state.items() if isinstance(state, dict) else ()):
             self._restore(str(source), entry)
         self.ema = ema
@@ -332,6 +345,11 @@ class CostAware(DraftPlanner):
                 and all(isinstance(c, list) and len(c) == 2 and all(isinstance(x, (int, float)) for x in c)
                         and 0 <= c[0] <= c[1] <= CALIB_CAP for c in cal)):
             self.calib[source] = [[float(a), float(n)] for a, n in cal]
+        by = entry.get("draws")
+        if (isinstance(by, list) and len(by) == U_BINS
+                and all(isinstance(c, list) and len(c) == 2 and all(isinstance(x, (int, float)) for x in c)
+                        and 0 <= c[0] <= c[1] <= CALIB_CAP for c in by)):
+            self.by_draw[source] = [[float(a), float(n)] for a, n in by]
 
     @property
     def acc(self) -> list[float]:
@@ -400,13 +418,29 @@ class CostAware(DraftPlanner):
         self._trying[source] = (best + 1, best)
         return reach
 
-    def calibrated(self, source: str, conf: list[float]) -> list[float]:
-        """The acceptance the policy expects of drafts with these confidences (see CALIB_BINS)."""
+    def calibrated(self, source: str, conf: list[float], u: list[float] | None = None) -> list[float]:
+        """The acceptance the policy expects of drafts with these confidences (see CALIB_BINS),
+        and with these draws where the request samples (see U_BINS)."""
         table = self.calib.get(source)
         out = []
         for c in conf:
             hits, n = table[_bin(c)] if table else (0.0, 0.0)
             out.append((hits + CALIB_PRIOR * c) / (n + CALIB_PRIOR))
+        return self._by_draw(source, out, u) if u else out
+
+    def _by_draw(self, source: str, acc: list[float], u: list[float]) -> list[float]:
+        """Expected acceptances scaled by how drafts under each draw were accepted (U_BINS)."""
+        table = self.by_draw.get(source)
+        if not table:
+            return acc
+        hits, n = sum(c[0] for c in table), sum(c[1] for c in table)
+        if n <= 0 or hits <= 0:
+            return acc
+        rate = hits / n
+        out = list(acc)
+        for j, x in enumerate(u[:len(acc)]):
+            h, m = table[_u_bin(x)]
+            out[j] = min(1.0, acc[j] * ((h + U_PRIOR * rate) / (m + U_PRIOR)) / rate)
         return out
 
     def trim(self, draft) -> int:
@@ -417,9 +451,13 @@ class CostAware(DraftPlanner):
         if source in self._trying:
             return len(draft.tokens)  # a try is verified whole
         acc = self._acc(source)
+        u = list(getattr(draft, "u", None) or [])
+        if u:
+            self._u[source] = u
         if not draft.conf:
-            return self._best(acc[:len(draft.tokens)], source)
-        cal = self.calibrated(source, draft.conf)
+            return self._best(self._by_draw(source, acc[:len(draft.tokens)], u) if u
+                              else acc[:len(draft.tokens)], source)
+        cal = self.calibrated(source, draft.conf, u)
         best = self._best(cal, source)
         if not self._free(source):
             # the positions trimmed away are never verified, so their acceptance estimates
@@ -449,6 +487,15 @@ class CostAware(DraftPlanner):
             table = self.calib.setdefault(source, [[0.0, 0.0] for _ in range(CALIB_BINS)])
             for j in range(min(drafted, accepted + 1, len(conf))):
                 cell = table[_bin(conf[j])]
+                cell[0] += 1.0 if j < accepted else 0.0
+                cell[1] += 1.0
+                if cell[1] > CALIB_CAP:
+                    cell[0], cell[1] = cell[0] / 2, cell[1] / 2
+        u = self._u.pop(source, None)
+        if u:  # each verified draft teaches its draw's bin
+            table = self.by_draw.setdefault(source, [[0.0, 0.0] for _ in range(U_BINS)])
+            for j in range(min(drafted, accepted + 1, len(u))):
+                cell = table[_u_bin(u[j])]
                 cell[0] += 1.0 if j < accepted else 0.0
                 cell[1] += 1.0
                 if cell[1] > CALIB_CAP:
@@ -504,7 +551,9 @@ class CostAware(DraftPlanner):
         return {s: {"acc": [round(a, 4) for a in acc], "every": self._every.get(s, self.probe_every),
                     "wait": self._wait.get(s, 0),
                     **({"calib": [[round(a, 2), round(n, 2)] for a, n in self.calib[s]]}
-                       if s in self.calib else {})} for s, acc in self.accs.items()}
+                       if s in self.calib else {}),
+                    **({"draws": [[round(a, 2), round(n, 2)] for a, n in self.by_draw[s]]}
+                       if s in self.by_draw else {})} for s, acc in self.accs.items()}
 
 
 class PolicyStore:
@@ -526,6 +575,10 @@ class PolicyStore:
 
 def _bin(conf: float) -> int:
     return min(max(int(conf * CALIB_BINS), 0), CALIB_BINS - 1)
+
+
+def _u_bin(u: float) -> int:
+    return min(max(int(u * U_BINS), 0), U_BINS - 1)
 
 
 def make_policy(name: str, k: int, engine=None, greedy: bool = True):

@@ -352,3 +352,28 @@ def test_drafts_their_scores_trim_away_teach_the_estimate_so_they_stop_being_com
             p.update(drafted, 0, "head")
     assert asked[0] > 0 and asked[-16:].count(0) >= 15, asked
     assert sum(1 for n in asked if n) <= 12, asked
+
+
+def test_sampled_drafts_are_verified_as_far_as_their_draws_make_paying_likely():
+    """Under sampling a draft stands where the target's draw picks it: a likely token under a
+    low draw. Once the policy has seen that (drafts under high draws rejected, under low ones
+    accepted), it cuts a chain before its first high draw and verifies a chain of low draws
+    whole; greedy drafts (no draws) are judged by their scores alone, as before."""
+    p = CostAware(4, [0.010, 0.011, 0.012, 0.013, 0.014], draft_step_s=1e-6, prior=0.6)
+    conf = [0.8, 0.8, 0.8, 0.8]
+    for i in range(300):  # accepted exactly where the draw is below 0.6
+        u = [((i * 7 + j * 3) % 10) / 10 + 0.05 for j in range(4)]
+        n = p.trim(Draft([1, 2, 3, 4], conf=conf, source="lookup", u=u))
+        n_acc = next((j for j in range(n) if u[j] >= 0.6), n)
+        p.update(n, n_acc, "lookup")
+    table = p.by_draw["lookup"]
+    low, high = table[0][0] / table[0][1], table[4][0] / table[4][1]
+    assert low > 0.9 and high < 0.1, table
+    assert p.trim(Draft([1, 2, 3, 4], conf=conf, source="lookup", u=[0.1, 0.2, 0.95, 0.1])) == 2
+    assert p.trim(Draft([1, 2, 3, 4], conf=conf, source="lookup", u=[0.1, 0.2, 0.1, 0.3])) == 4
+    assert p.trim(Draft([1, 2, 3, 4], conf=conf, source="lookup", u=[0.97, 0.1, 0.1, 0.1])) == 0
+    greedy = p.trim(Draft([1, 2, 3, 4], conf=conf, source="lookup"))  # no draws: scores alone
+    assert greedy == p._best(p.calibrated("lookup", conf), "lookup")
+    state = p.state()["lookup"]  # kept for the next generation
+    again = CostAware(4, [0.010, 0.011, 0.012, 0.013, 0.014], state={"lookup": state})
+    assert again.by_draw["lookup"] == [[round(a, 2), round(n, 2)] for a, n in table]

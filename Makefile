@@ -83,4 +83,4 @@ test-fast: setup
 	$(BIN)/python -m pytest tests -m "not integration"
 
 clean:
-	rm -rf $(VENV) $(SPEC_VENV) build *.egg-info
+	rm -rf $(VENV) $(SPEC_VENV) $(OPT_VENV) build *.egg-info

@@ -54,6 +54,7 @@ done
 .venv/bin/python - "$out" "$steps" "$feat" "$stem" $rows <<'PY'
 import json, platform, sys
 from edgespec.io import write_result
+from edgespec.runtime.policies import cpu_model
 out, steps, feat_dir, stem, names = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
 feat = json.load(open(f"{feat_dir}/manifest.json"))
 rows = {}
@@ -80,7 +81,7 @@ doc = {"target": "gemma3-270m", "steps": steps, "rows": rows,
                f"--n-prompts {json.load(open(f'{out}/data/manifest.json'))['config']['n_prompts']} --seed 3",
        "note": "same features, steps, batch and seed (0 unless the row says) for every head; "
                "eval-head on the folder's held-out samples",
-       "machine": f"{platform.machine()}, 2 cores, torch CPU, Python {platform.python_version()}"}
+       "machine": f"{cpu_model()}, {platform.machine()}, 2 cores, torch CPU, Python {platform.python_version()}"}
 print("wrote", write_result("results", stem, doc))
 print(json.dumps({r: (v["acceptance_by_position"][0], v["expected_accepted"].get("4"), v["seconds"])
                   for r, v in rows.items()}, indent=1))

@@ -15,9 +15,9 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 HEAD_BEGIN, HEAD_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 # the bench the README's headline quotes: the latest default-configuration run with stock
 # llama.cpp's own speculation in it
-HEADLINE = "bench-gemma3-270m-session15-final.json"
+HEADLINE = "bench-gemma3-270m-session16.json"
 # and the app's view beside it: the drop-in against llama_cpp.Llama (`bench --workload defaults`)
-HEADLINE_APP = "workload-defaults-session15d.json"
+HEADLINE_APP = "workload-defaults-session16.json"
 # and how long the README's first command takes on a fresh clone
 HEADLINE_DEMO = "demo-time.json"
 
@@ -354,6 +354,14 @@ def scaling_table(path: Path) -> str:
                   "acceptance by position 1-4", "expected accepted, k=1", "k=4"], rows)
 
 
+def _stored(f: dict) -> str:
+    """What a features folder holds besides the final hidden states."""
+    parts = [f"layers {f['layers']}"] if f.get("layers") else []
+    if f.get("kv_layers"):
+        parts.append(f"the keys and values of layers {f['kv_layers']} ({f['bytes_per_token']:.0f} bytes a token)")
+    return " and ".join(parts) or "nothing"
+
+
 def head_ablation_table(path: Path) -> str:
     r = json.loads(path.read_text())
     f, e0 = r["features"], next(iter(r["rows"].values()))["eval"]
@@ -364,7 +372,7 @@ def head_ablation_table(path: Path) -> str:
              *(f"{x['expected_accepted'][k]:.3f}" for k in "148"), f"{x['seconds'] / 60:.0f}"]
             for name, x in r["rows"].items()]
     return table(f"Head ablation for {r['target']} (`{path.relative_to(ROOT)}`, `scripts/head_ablation.sh`): "
-                 f"one {f['dtype']} folder of {f['tokens']} tokens ({r['data']}; layers {f['layers']} stored "
+                 f"one {f['dtype']} folder of {f['tokens']} tokens ({r['data']}; {_stored(f)} stored "
                  f"too), {r['steps']} steps each; scored on its {e0['samples']} held-out samples "
                  f"({e0['positions']} chain starts; {chain_rule(e0)}); {r['machine']}.",
                  ["head", "arch", "draft vocab", "coverage", "top-K weight", "seed", "trainable M",
@@ -500,7 +508,8 @@ def render() -> str:
                            f"{r['seq_len']} positions, same seed.",
                            ["head layers", "chain starts", "expected accepted, k=1", "k=2", "k=4",
                             "starts past the window", "k=1", "k=2", "k=4", "train s"], rows))
-    for p in sorted((ROOT / "results").glob("ablation-head-*.json")):
+    for p in sorted((ROOT / "results").glob("ablation-head-*.json")) + sorted(
+            (ROOT / "results").glob("ablation-shared-kv-*.json")):
         parts.append(head_ablation_table(p))
     for p in sorted((ROOT / "results").glob("export-head-*.json")):
         r = json.loads(p.read_text())

@@ -41,21 +41,25 @@ def main() -> int:
 
     from edgespec.io import write_result
     from edgespec.measure.bench import machine_info
+    from edgespec.runtime.assets import shipped_basis
     from edgespec.runtime.batched_head import supports as batched_supported
     from edgespec.runtime.llama_target import LlamaTarget
 
     full = LlamaTarget(a.target, n_ctx=1024, lm_head="full")
-    low = LlamaTarget(a.target, n_ctx=1024, lm_head="lowrank")
+    # the low-rank parts where a basis ships for the target (Gemma), the batched head where the
+    # target's LM head type allows it: a target with neither gets llama.cpp's rows alone
+    low = LlamaTarget(a.target, n_ctx=1024, lm_head="lowrank") if shipped_basis(full.spec) else None
     bat = LlamaTarget(a.target, n_ctx=1024, lm_head="batched") if batched_supported(full.spec) else None
-    head = low.lowrank_head
+    head = low.lowrank_head if low is not None else None
     context = full.tokenize(CONTEXT)
     for e in (full, low, bat):
         if e is not None:
             e.reset()
             e.decode(context, all_logits=False)
-    kept_full, kept_low = len(full.tokens), len(low.tokens)
-    parts = ("full_last_row", "full_every_row", "lowrank_trunk", "lowrank_candidates",
-             "lowrank_rescore", "lowrank_decode") + (("batched_decode",) if bat else ())
+    kept_full, kept_low = len(full.tokens), len(low.tokens) if low is not None else 0
+    parts = (("full_last_row", "full_every_row")
+             + (("lowrank_trunk", "lowrank_candidates", "lowrank_rescore", "lowrank_decode") if low else ())
+             + (("batched_decode",) if bat else ()))
     times = {k: {p: [] for p in parts} for k in a.rows}
     rng = np.random.default_rng(a.seed)
 
@@ -72,12 +76,13 @@ def main() -> int:
             _x, got["full_last_row"] = clock(lambda: full.decode(toks, all_logits=False))
             full.truncate(kept_full)
             _x, got["full_every_row"] = clock(lambda: full.decode(toks, all_logits=True))
-            low.truncate(kept_low)
-            h, got["lowrank_trunk"] = clock(lambda: low._decode_grab(toks, [True] * k))
-            cand, got["lowrank_candidates"] = clock(lambda: head.candidates(h[:, :low.n_embd]))
-            _x, got["lowrank_rescore"] = clock(lambda: head.top(cand, h[:, :low.n_embd]))
-            low.truncate(kept_low)
-            _x, got["lowrank_decode"] = clock(lambda: low.decode(toks, hidden=True, top_only=True))
+            if low is not None:
+                low.truncate(kept_low)
+                h, got["lowrank_trunk"] = clock(lambda: low._decode_grab(toks, [True] * k))
+                cand, got["lowrank_candidates"] = clock(lambda: head.candidates(h[:, :low.n_embd]))
+                _x, got["lowrank_rescore"] = clock(lambda: head.top(cand, h[:, :low.n_embd]))
+                low.truncate(kept_low)
+                _x, got["lowrank_decode"] = clock(lambda: low.decode(toks, hidden=True, top_only=True))
             if bat is not None:
                 bat.truncate(kept_full)
                 _x, got["batched_decode"] = clock(lambda: bat.decode(toks, all_logits=True))
@@ -92,7 +97,7 @@ def main() -> int:
     for r in rows:
         r["vs_first"] = {p: round(r["ms_median"][p] / one[p], 3) for p in parts}
     doc = {"target": a.target, "file": Path(full.spec.path).name, "context_tokens": len(context),
-           "reps": a.reps, "lowrank": head.info.describe("exactly"), "rows": rows,
+           "reps": a.reps, "lowrank": head.info.describe("exactly") if head else None, "rows": rows,
            "machine": machine_info(full.n_threads)}
     for r in rows:
         print(r["rows"], r["ms_median"])

@@ -156,6 +156,10 @@ def _cmd_train(args) -> int:
                       init_from=os.path.abspath(args.init_from) if args.init_from else "",
                       topk=args.topk, topk_weight=args.topk_weight)
     overrides = {}
+    if args.input_norms:
+        if args.arch != "shared-kv":
+            raise EdgespecError("--input-norms is a shared-kv head option")
+        overrides["input_norms"] = True
     if args.layer_types:
         overrides["layer_types"] = args.layer_types.split(",")
     if args.seq_len:
@@ -219,6 +223,9 @@ def _args_train(s) -> None:
                         "cache, on features extracted with --kv")
     s.add_argument("--layers", default=None,
                    help="--online --arch eagle3: the target layers read (default 'eagle3')")
+    s.add_argument("--input-norms", action="store_true",
+                   help="--arch shared-kv: RMS-norm the token embedding and hidden state before "
+                        "pre_proj (as the MTP head does; llama.cpp's Gemma 4 assistant has none)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--save-every", type=_positive_int, default=250,

@@ -154,6 +154,9 @@ class SharedKVConfig:
     rms_eps: float = 1e-6
     embed_scale: float = 1.0
     attn_scale: float | None = None  # None: 1/sqrt(head_dim)
+    # RMS-norm the token embedding and the hidden state before pre_proj, as the MTP head does
+    # (llama.cpp's Gemma 4 assistant has no such norms: off by default)
+    input_norms: bool = False
     arch: str = "shared-kv"
 
     @classmethod

@@ -15,6 +15,7 @@
 #   mtp-kl-seed1  mtp-kl with another seed (initial weights and batch order): the noise floor
 #   mtp-topk-vocab8k  the top-K term and the 8,192-token vocabulary together
 #   shared-kv     the head that attends the target's KV cache (FEAT=kv)
+#   shared-kv-norms  the same with its two inputs RMS-normed, as the MTP head's are (FEAT=kv)
 # All are scored with `eval-head` on the folder's held-out samples (acceptance against the
 # target's full-vocabulary argmax). Every stage resumes: rerun the same command after a stop.
 set -euo pipefail
@@ -30,7 +31,8 @@ declare -A extra=([mtp-kl]="" [mtp-topk]="--topk-weight 1 --topk 10"
                   [mtp-vocab8k]="--draft-vocab 8192" [eagle3]="--arch eagle3"
                   [mtp-kl-seed1]="--seed 1"
                   [mtp-topk-vocab8k]="--topk-weight 1 --topk 10 --draft-vocab 8192"
-                  [shared-kv]="--arch shared-kv")
+                  [shared-kv]="--arch shared-kv"
+                  [shared-kv-norms]="--arch shared-kv --input-norms")
 rows=${ROWS:-mtp-kl mtp-topk mtp-vocab8k eagle3}
 for r in $rows; do
   [ -n "${extra[$r]+set}" ] || { echo "head_ablation.sh: unknown row '$r' (known: ${!extra[*]})" >&2; exit 2; }

@@ -97,6 +97,18 @@ def test_config_round_trip_and_refusals():
         SharedKVConfig.from_dict(dict(c.to_dict(), arch="mtp"))
 
 
+@torch.no_grad()
+def test_input_norms_make_the_input_independent_of_its_scale():
+    """input_norms: the embedding and the hidden state are RMS-normed before pre_proj (as the
+    MTP head's), so scaling either changes nothing; without them it does."""
+    emb, hid, kv = _inputs()
+    normed, plain = _head(input_norms=True), _head()
+    for head, same in ((normed, True), (plain, False)):
+        a = head.step_input(emb[:, :4], hid[:, :4])
+        b = head.step_input(3.0 * emb[:, :4], 0.5 * hid[:, :4])
+        assert torch.allclose(a, b, atol=1e-4) == same
+
+
 def write_kv_features(folder, spec, kv_layers=(4, 5)):
     """Synthetic features in `extract --kv`'s layout (test_train.write_features)."""
     return write_features(folder, spec, dtype="fp16", kv_layers=kv_layers)

@@ -7,7 +7,8 @@ the Gemma block's norms and GeGLU FFN. Every draft step of a chain that starts a
 position t sits at position t + 1 and attends the target's keys at positions <= t (a sliding
 layer: within the target's window of its query), so the chain's steps differ only in their
 input: pre_proj(concat(embedding of the newest token x embed_scale, h)), with h the target's
-final hidden state at t for the first step and the head's own post_proj output after.
+final hidden state at t for the first step and the head's own post_proj output after
+(`input_norms`: both RMS-normed first, as the MTP head's inputs are).
 
 Training (`forward_chain`) is exactly run time: with no K/V of its own, step j at every chain
 start reads the same target keys as step 1 does, so the unrolled steps are n plain passes.
@@ -63,6 +64,9 @@ class SharedKVHead(nn.Module):
     def __init__(self, c: SharedKVConfig):
         super().__init__()
         self.c = c
+        if c.input_norms:
+            self.emb_norm = RMSNorm(c.n_embd, c.rms_eps)
+            self.hid_norm = RMSNorm(c.n_embd, c.rms_eps)
         self.pre_proj = nn.Linear(2 * c.n_embd, c.d_model, bias=False)
         self.blocks = nn.ModuleList(SharedKVBlock(c, i) for i in range(c.n_layer))
         self.out_norm = RMSNorm(c.d_model, c.rms_eps)
@@ -76,7 +80,10 @@ class SharedKVHead(nn.Module):
 
     def step_input(self, tok_emb, hidden):
         """tok_emb: target embedding rows (unscaled) [B, T, E]; hidden [B, T, E] -> [B, T, d]."""
-        return self.pre_proj(torch.cat([tok_emb * self.c.embed_scale, hidden], -1))
+        e = tok_emb * self.c.embed_scale
+        if self.c.input_norms:
+            e, hidden = self.emb_norm(e), self.hid_norm(hidden)
+        return self.pre_proj(torch.cat([e, hidden], -1))
 
     def logits(self, out):
         """Draft-vocabulary logits of a step's output (post_proj's, in the target's space)."""

@@ -451,7 +451,7 @@ class CostAware(DraftPlanner):
         if source in self._trying:
             return len(draft.tokens)  # a try is verified whole
         acc = self._acc(source)
-        u = list(getattr(draft, "u", None) or [])
+        u = draft.u
         if u:
             self._u[source] = u
         if not draft.conf:
@@ -484,22 +484,12 @@ class CostAware(DraftPlanner):
             acc[j] += self.ema * (hit - acc[j])
         conf = self._conf.pop(source, None)
         if conf:  # each verified draft teaches its confidence bin
-            table = self.calib.setdefault(source, [[0.0, 0.0] for _ in range(CALIB_BINS)])
-            for j in range(min(drafted, accepted + 1, len(conf))):
-                cell = table[_bin(conf[j])]
-                cell[0] += 1.0 if j < accepted else 0.0
-                cell[1] += 1.0
-                if cell[1] > CALIB_CAP:
-                    cell[0], cell[1] = cell[0] / 2, cell[1] / 2
+            _teach(self.calib.setdefault(source, [[0.0, 0.0] for _ in range(CALIB_BINS)]),
+                   [_bin(c) for c in conf], drafted, accepted)
         u = self._u.pop(source, None)
-        if u:  # each verified draft teaches its draw's bin
-            table = self.by_draw.setdefault(source, [[0.0, 0.0] for _ in range(U_BINS)])
-            for j in range(min(drafted, accepted + 1, len(u))):
-                cell = table[_u_bin(u[j])]
-                cell[0] += 1.0 if j < accepted else 0.0
-                cell[1] += 1.0
-                if cell[1] > CALIB_CAP:
-                    cell[0], cell[1] = cell[0] / 2, cell[1] / 2
+        if u:  # ... and, sampling, its draw's bin
+            _teach(self.by_draw.setdefault(source, [[0.0, 0.0] for _ in range(U_BINS)]),
+                   [_u_bin(x) for x in u], drafted, accepted)
         tried, self._trying = self._trying, {}  # a try whose source did not draft lapses
         if source in tried and conf and self._free(source):
             # a free source's one-token try: tries go on as often while its band nears paying
@@ -571,6 +561,17 @@ class PolicyStore:
             store_verify_cost(policy.c.key, policy.c.learned())
         if policy.accs:
             cache.put_json(ACCEPTANCE_FILE, self.key, policy.state())
+
+
+def _teach(table: list[list[float]], bins: list[int], drafted: int, accepted: int) -> None:
+    """Count each verified draft position (accepted or the first rejected) into its bin's
+    [accepted, drafted]; a bin past CALIB_CAP drafts halves its counts (recent ones weigh more)."""
+    for j in range(min(drafted, accepted + 1, len(bins))):
+        cell = table[bins[j]]
+        cell[0] += 1.0 if j < accepted else 0.0
+        cell[1] += 1.0
+        if cell[1] > CALIB_CAP:
+            cell[0], cell[1] = cell[0] / 2, cell[1] / 2
 
 
 def _bin(conf: float) -> int:

@@ -160,11 +160,6 @@ class Batcher:
         samples, starts = self.plan(step)
         return self.batch(samples[self.rank::self.world], starts[self.rank::self.world])
 
-    def window(self, i: int, length: int, start: int):
-        toks = self.f.tokens[i]
-        hid = self.f.hidden(i)
-        return toks[start:start + length], hid[start:start + length]
-
     def batch(self, samples: list[int], starts: list[int]):
         """(tokens, hidden, valid, embeddings) of the windows; features with keys and values
         (a shared-KV head's) also give the target's K/V rows from each sample's start to its

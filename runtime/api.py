@@ -53,7 +53,7 @@ class SpeculativeLlama:
         self.spec = SpecConfig(draft=draft, k=k, policy=policy, lm_head=lm_head)
         self.engine = model_path if isinstance(model_path, Engine) else open_target(
             model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head,
-            flash_attn=flash_attn)
+            flash_attn=flash_attn, draft=draft)
         self.model_path = str(self.engine.model_file if self.engine is model_path else model_path)
         self.drafter = make_drafter(draft, self.engine.spec)
         self.seed = seed or LLAMA_DEFAULT_SEED  # as llama_cpp.Llama keeps it (0 too)

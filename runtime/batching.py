@@ -329,6 +329,11 @@ class SlotTarget(Engine):
             raise EdgespecError("heads that read the target's layer inputs (EAGLE-3) run one "
                                 "request at a time; serve them with --parallel 1")
 
+    def set_kv_layers(self, layers: tuple[int, ...] = ()) -> None:
+        if tuple(layers):
+            raise EdgespecError("heads that read the target's keys and values (shared-KV) run one "
+                                "request at a time; serve them with --parallel 1")
+
     def cost_policy(self, k: int, greedy: bool) -> SlotCostAware:
         cost = self.batcher.prepare_cost(k, greedy, self.seq)
         store = PolicyStore(f"{cost_key(self, greedy)}|{'greedy' if greedy else 'sampled'}")

@@ -132,6 +132,8 @@ class Drafter:
 
     needs_hidden = False  # whether propose() reads the target's hidden states
     feature_layers: tuple[int, ...] = ()  # target layers whose inputs it reads too (EAGLE-3)
+    kv_layers: tuple[int, ...] = ()  # target layers whose keys and values it reads (shared-KV)
+    continuous = False  # it needs every pass's rows and the whole prompt's (no gaps)
     source = ""  # the name its drafts go by when they need hidden states (the head's)
 
     def propose(self, context: list[int], hidden: np.ndarray | None, k: int,
@@ -140,6 +142,19 @@ class Drafter:
 
     def reset(self) -> None:
         """A new generation starts."""
+
+    def resume(self, keep: int) -> None:
+        """A new generation starts whose first `keep` context positions the target's cache
+        kept from the last one (a continuous drafter keeps its rows for them)."""
+        self.reset()
+
+    def kv_held(self) -> int:
+        """Context positions, from 0, whose rows a continuous drafter holds."""
+        return 0
+
+    def keep(self, hidden: np.ndarray | None) -> None:
+        """Rows for later (hidden states of final positions, in order): a head reads them when
+        it next drafts."""
 
     def drop_hidden(self) -> None:
         """Forget the hidden rows kept so far (the loop skipped some passes' rows)."""
@@ -158,6 +173,7 @@ class HiddenFeed:
 
     def __init__(self, drafter: Drafter | None, policy, free: bool):
         self.want = bool(drafter and drafter.needs_hidden)
+        free = free or bool(drafter and drafter.continuous)  # a continuous head reads every pass
         self.drafter, self.policy, self.free = drafter, policy, free
         self.rows: list[np.ndarray] = []  # rows the drafter has not seen yet
         self.reading = False  # whether the last pass read them
@@ -215,8 +231,12 @@ class Generation:
         self.target, self.prompt, self.sampling = target, prompt, sampling
         self.max_tokens, self.drafter = max_tokens, drafter
         self.policy = policy or FixedK(4 if drafter else 0)
-        self.verifier = verifier or make_verifier(target, sampling, grammar, logprobs, stopping)
+        # exact mode prefills without reading prompt rows, which a continuous head needs
+        self.verifier = verifier or make_verifier(target, sampling, grammar, logprobs, stopping,
+                                                  exact=not (drafter and drafter.continuous))
         self.hidden = HiddenFeed(drafter, self.policy, target.hidden_free(self.verifier.top_only))
+        if self.verifier.exact and drafter is not None and drafter.continuous:
+            self.hidden.want = False  # (a verifier given as exact: the head never drafts)
         self.out = TextStream(stop)
         self.prompt_hidden = prompt_hidden  # prompt positions whose hidden states the head sees
         self.reuse_prefix = reuse_prefix  # keep the cache's common prefix with this prompt
@@ -260,6 +280,9 @@ class Generation:
             if not st.finish_reason:
                 st.finish_reason = "stopped"
             self.policy.finish()
+            if self.drafter is not None and self.drafter.continuous:
+                # the last pass's rows: a next call that keeps this cache keeps them too
+                self.drafter.keep(self.hidden.take())
 
     def speculative_step(self, k: int) -> Verdict:
         """Draft up to k tokens after `pending`, check [pending] + drafts in one target pass,
@@ -308,19 +331,26 @@ class Generation:
         are returned (they choose the first token)."""
         t, t0 = self.target, time.perf_counter()
         _OWNER[t] = self
-        t.set_feature_layers(self.drafter.feature_layers if self.drafter else ())
-        if self.drafter:
-            self.drafter.reset()
+        d = self.drafter
+        t.set_feature_layers(d.feature_layers if d else ())
+        t.set_kv_layers(d.kv_layers if d else ())
         self.context = list(self.prompt)
         exact = self.verifier.exact
         # exact: the head reads no prompt rows (asking for them would make every row an
         # output, with other numbers)
         reading = self.hidden.wanted() and not exact
         self.hidden.reading = reading
-        n_h = min(len(self.prompt) - 1, self.prompt_hidden) if reading else 0
+        whole = reading and d.continuous  # a continuous head reads every prompt row
+        n_h = min(len(self.prompt) - 1, self.prompt_hidden) if reading and not whole else 0
         n_plain = len(self.prompt) if exact else len(self.prompt) - 1 - n_h
         keep = common_prefix(t.tokens, self.prompt[:n_plain]) if self.reuse_prefix else 0
         keep = min(keep, len(self.prompt) - 1)  # at least one token decoded: its logits
+        if whole:  # what the cache keeps, the head must hold the rows of
+            keep = min(keep, d.kv_held())
+            d.resume(keep)
+            n_plain, n_h = keep, len(self.prompt) - 1 - keep
+        elif d:
+            d.reset()
         if keep:
             t.truncate(keep)
         else:

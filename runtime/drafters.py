@@ -18,6 +18,7 @@ import numpy as np
 from edgespec.errors import EdgespecError
 from edgespec.runtime.assets import default_head
 from edgespec.runtime.decoding import Draft, Drafter, Limit
+from edgespec.runtime.formats import CKPT_WEIGHTS, head_arch, read_checkpoint_config
 from edgespec.runtime.heads import load_head
 from edgespec.runtime.sampling import SamplingParams, chain
 from edgespec.targets import embedding_rows
@@ -193,20 +194,12 @@ class HeadDrafter(Drafter):
         t1 = time.perf_counter()
         drafts, conf, qs, cache = [], [], [], (h.k, h.v)
         for j in range(k):
-            lg = h.last_logits
-            if self.sampling is not None:
-                q = chain(lg, self.sampling)
-                best = q.pick(self._draws(j)) if self._draws else q.draw(self._rng)
-                top = float(q.p.max())
-            else:
-                best = int(np.argmax(lg))
-                top = float(1.0 / np.exp(lg - lg[best]).sum())
+            tok, top, q = self._pick(h.last_logits, j)
             if top < p_min and j > 0:
                 break
-            tok = int(self.ids[best])
             drafts.append(tok)
             conf.append(top)
-            qs.append((self.ids[q.ids], q.p) if self.sampling is not None else None)
+            qs.append(q)
             if j + 1 < k:
                 out, cache = h.forward(self.embed[np.array([tok])], out[-1:], n_ctx - 1 + j,
                                        commit=False, cache=cache)
@@ -214,9 +207,118 @@ class HeadDrafter(Drafter):
         # row, which costs what it costs once and less the more often the head drafts
         t2 = time.perf_counter()
         if len(drafts) > 1 or len(hidden) <= 2:
-            step = (t2 - t1) / (len(drafts) - 1) if len(drafts) > 1 else t1 - t0
-            last = self._one_row_s
-            self._one_row_s = step if last is None else last + 0.2 * (step - last)
+            self._time_step((t2 - t1) / (len(drafts) - 1) if len(drafts) > 1 else t1 - t0)
+        return Draft(drafts, q=qs, conf=conf, source=self.source, step_s=self._one_row_s)
+
+    def _pick(self, lg: np.ndarray, j: int) -> tuple[int, float, tuple | None]:
+        """Draft j of a chain from the head's draft-vocabulary logits: (target token id, the
+        head's top probability, the distribution it was drawn from or None when greedy)."""
+        if self.sampling is not None:
+            q = chain(lg, self.sampling)
+            best = q.pick(self._draws(j)) if self._draws else q.draw(self._rng)
+            return int(self.ids[best]), float(q.p.max()), (self.ids[q.ids], q.p)
+        best = int(np.argmax(lg))
+        return int(self.ids[best]), float(1.0 / np.exp(lg - lg[best]).sum()), None
+
+    def _time_step(self, step: float) -> None:
+        last = self._one_row_s
+        self._one_row_s = step if last is None else last + 0.2 * (step - last)
+
+
+class SharedKVDrafter(HeadDrafter):
+    """Drafts with a shared-KV head (`train --arch shared-kv`): its layers attend the target's
+    own keys and values, which the same decode that verifies hands over with each row's hidden
+    state (`Engine.set_kv_layers`), so it has no cache of its own to fill and no extra pass.
+
+    It holds, per context position, the target's final hidden state and the keys and values of
+    the mapped layers; only rows of final tokens reach it (the decode loop keeps a pass's
+    accepted rows before it rolls the cache back), so a rollback never leaves it a rejected
+    draft's keys. It reads every pass's rows (`continuous`) and the whole prompt's: a gap
+    would leave its queries keys to miss. A chain that starts after position t (the pending
+    token at t + 1) reads the hidden state at t and sits at position t + 1 for every step."""
+
+    continuous = True
+
+    def __init__(self, path: str | Path, target_spec, source: str = "head"):
+        super().__init__(path, target_spec, source)
+        c = self.head.c
+        self.kv_layers = tuple(int(i) for i in c.kv_layers)
+        bad = [i for i in self.kv_layers if not 0 <= i < target_spec.n_layer]
+        if bad or c.n_head_kv * c.head_dim != target_spec.n_head_kv * target_spec.head_dim:
+            raise EdgespecError(f"head {path} attends keys and values of layers "
+                                f"{list(self.kv_layers)} ({c.n_head_kv} x {c.head_dim} wide), which "
+                                f"{target_spec.name} does not have")
+        self.n = 0  # context positions whose rows it holds (0..n-1)
+        self._h = np.empty((0, c.n_embd), np.float32)
+        self._k = [np.empty((0, c.n_head_kv, c.head_dim), np.float32) for _ in self.kv_layers]
+        self._v = [x.copy() for x in self._k]
+
+    def kv_held(self) -> int:
+        return self.n
+
+    def reset(self) -> None:
+        self.n = 0
+
+    def resume(self, keep: int) -> None:
+        self.n = min(self.n, keep)
+
+    def drop_hidden(self) -> None:
+        self.n = 0  # rows went missing: the next prompt starts it over
+
+    def _grow(self, n: int) -> None:
+        cap = len(self._h)
+        if n <= cap:
+            return
+        cap = max(n, 2 * cap, 256)
+
+        def grown(a):
+            out = np.empty((cap,) + a.shape[1:], np.float32)
+            out[:self.n] = a[:self.n]
+            return out
+
+        self._h = grown(self._h)
+        self._k, self._v = [grown(a) for a in self._k], [grown(a) for a in self._v]
+
+    def keep(self, hidden: np.ndarray | None) -> None:
+        """Rows [n, n_embd + 2 * kv_width * layers] for the positions after those it holds."""
+        if hidden is None or not len(hidden):
+            return
+        c, e, w = self.head.c, self.head.c.n_embd, self.head.c.kv_width
+        if hidden.shape[1] != e + 2 * w * len(self.kv_layers):
+            raise RuntimeError(f"shared-KV head got rows {hidden.shape[1]} wide, not "
+                               f"{e + 2 * w * len(self.kv_layers)}: the engine reads no keys")
+        n0, m = self.n, len(hidden)
+        self._grow(n0 + m)
+        self._h[n0:n0 + m] = hidden[:, :e]
+        for i in range(len(self.kv_layers)):
+            at = e + 2 * i * w
+            self._k[i][n0:n0 + m] = hidden[:, at:at + w].reshape(m, c.n_head_kv, c.head_dim)
+            self._v[i][n0:n0 + m] = hidden[:, at + w:at + 2 * w].reshape(m, c.n_head_kv, c.head_dim)
+        self.n = n0 + m
+
+    def propose(self, context: list[int], hidden: np.ndarray | None, k: int,
+                p_min: float = 0.0, limit: Limit | None = None) -> Draft:
+        self.keep(hidden)
+        if limit:
+            k = min(k, limit(self.source))
+        qpos = len(context) - 1  # the pending token's position; the cache holds 0..qpos-1
+        if k <= 0 or self.n != qpos or qpos < 1:
+            return Draft([], source=self.source)
+        h, t0 = self.head, time.perf_counter()
+        keys = [a[:qpos] for a in self._k]
+        values = [a[:qpos] for a in self._v]
+        x, prev = self.embed[np.asarray(context[-1:])], self._h[qpos - 1:qpos]
+        drafts, conf, qs = [], [], []
+        for j in range(k):
+            prev = h.forward(h.step_input(x, prev), qpos, keys, values)
+            tok, top, q = self._pick(h.logits(prev[0]), j)
+            if top < p_min and j > 0:
+                break
+            drafts.append(tok)
+            conf.append(top)
+            qs.append(q)
+            x = self.embed[np.array([tok])]
+        self._time_step((time.perf_counter() - t0) / (j + 1))
         return Draft(drafts, q=qs, conf=conf, source=self.source, step_s=self._one_row_s)
 
 
@@ -243,12 +345,26 @@ class MixedDrafter(Drafter):
         self.name = f"{head.name}+lookup"
         self.source = head.source  # the head's: the decode loop reads hidden states for it
         self.feature_layers = head.feature_layers
+        self.kv_layers = getattr(head, "kv_layers", ())
+        self.continuous = getattr(head, "continuous", False)
 
     def reset(self) -> None:
         self.head.reset()
         self.lookup.reset()
         if self.single:
             self.single.reset()
+
+    def resume(self, keep: int) -> None:
+        self.lookup.reset()
+        if self.single:
+            self.single.reset()
+        self.head.resume(keep)
+
+    def kv_held(self) -> int:
+        return self.head.kv_held()
+
+    def keep(self, hidden: np.ndarray | None) -> None:
+        self.head.keep(hidden)
 
     def set_sampling(self, sampling: SamplingParams | None, draws=None) -> None:
         self.head.set_sampling(sampling, draws)
@@ -283,5 +399,18 @@ def make_drafter(draft: str | None, spec):
         head = HeadDrafter(default_head(spec), spec)
     else:  # its own name: estimates learned for one head never steer another
         where = str(Path(name).resolve()).encode()
-        head = HeadDrafter(name, spec, source=f"head:{hashlib.sha1(where).hexdigest()[:8]}")
+        kind = SharedKVDrafter if reads_kv(name) else HeadDrafter
+        head = kind(name, spec, source=f"head:{hashlib.sha1(where).hexdigest()[:8]}")
     return head if alone else MixedDrafter(head)
+
+
+def reads_kv(draft: str | None) -> bool:
+    """Whether the drafter named `draft` reads the target's keys and values (a shared-KV head's
+    checkpoint folder): its engine must be opened with the hidden-state probe."""
+    if not draft:
+        return False
+    name = draft[len("head:"):] if draft.startswith("head:") else draft
+    p = Path(name).expanduser()
+    if not p.is_dir() or not (p / CKPT_WEIGHTS).exists():
+        return False
+    return head_arch(read_checkpoint_config(p).get("head") or {}) == "shared-kv"

@@ -81,6 +81,12 @@ class Engine:
             raise EdgespecError("this engine cannot read the layer inputs an EAGLE-3 head needs; "
                                 "run it on a llama.cpp target")
 
+    def set_kv_layers(self, layers: tuple[int, ...] = ()) -> None:
+        """Hidden-state reads also carry these layers' keys and values (shared-KV heads)."""
+        if tuple(layers):
+            raise EdgespecError("this engine cannot hand its keys and values to a shared-KV head; "
+                                "run it on a llama.cpp target")
+
     def invariant_batch(self) -> int:
         """The most tokens one decode may hold and keep one-token numbers (0: not known)."""
         return 0

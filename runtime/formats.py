@@ -312,18 +312,38 @@ def require_mtp_head(head_config: dict, ckpt: str | Path, asked: str = "") -> No
         raise EdgespecError(f"{ckpt} is an EAGLE-3 head{asked}: export it for llama.cpp with "
                             "`edgespec export llama-cpp` (or for vLLM with `edgespec export speculators`)")
     if head_arch(head_config) == "shared-kv":
-        raise EdgespecError(f"{ckpt} is a shared-KV head{asked}: it reads the target's KV cache, "
-                            "which the drafting runtime does not hand to heads yet; evaluate it "
+        raise EdgespecError(f"{ckpt} is a shared-KV head{asked}: it reads the target's KV cache; "
+                            "draft with its checkpoint folder (`--draft FOLDER`) or evaluate it "
                             "with `edgespec eval-head`")
 
 
-def read_checkpoint_head(ckpt: str | Path) -> HeadFile:
+def read_checkpoint_head(ckpt: str | Path, shared_kv: bool = False) -> HeadFile:
+    """A checkpoint's MTP head (or, with `shared_kv`, a shared-KV head too) with its weights."""
     meta, w = read_checkpoint(ckpt)
-    require_mtp_head(meta["head"], ckpt)
+    kv = shared_kv and head_arch(meta["head"]) == "shared-kv"
+    if not kv:
+        require_mtp_head(meta["head"], ckpt)
     ids = w.pop(DRAFT_IDS).astype(np.int64)
-    config = HeadConfig.from_dict(meta["head"])
+    config = (SharedKVConfig if kv else HeadConfig).from_dict(meta["head"])
     check_head_weights(ckpt, config, w, ids)
     return HeadFile(Path(ckpt), config, meta["target"], meta["target_fingerprint"], ids, w)
+
+
+def shared_kv_weight_shapes(c: SharedKVConfig) -> dict[str, tuple[int, ...]]:
+    """Every weight a shared-KV head of this config has (training/shared_kv.py's names)."""
+    e, d, hd = c.n_embd, c.d_model, c.head_dim
+    want = {"pre_proj.weight": (d, 2 * e), "out_norm.weight": (d,), "post_proj.weight": (e, d),
+            "lm_head": (c.n_draft_vocab, e)}
+    if c.input_norms:
+        want.update({"emb_norm.weight": (e,), "hid_norm.weight": (e,)})
+    for i in range(c.n_layer):
+        p = f"blocks.{i}."
+        want.update({p + "input_norm.weight": (d,), p + "q.weight": (c.n_head * hd, d),
+                     p + "q_norm.weight": (hd,), p + "o.weight": (d, c.n_head * hd),
+                     p + "post_attn_norm.weight": (d,), p + "pre_ffn_norm.weight": (d,),
+                     p + "gate.weight": (c.n_ff, d), p + "up.weight": (c.n_ff, d),
+                     p + "down.weight": (d, c.n_ff), p + "post_ffn_norm.weight": (d,)})
+    return want
 
 
 def head_weight_shapes(c: HeadConfig) -> dict[str, tuple[int, ...]]:
@@ -343,9 +363,9 @@ def head_weight_shapes(c: HeadConfig) -> dict[str, tuple[int, ...]]:
     return want
 
 
-def check_head_weights(path, c: HeadConfig, w: dict[str, np.ndarray], ids: np.ndarray) -> None:
+def check_head_weights(path, c: HeadConfig | SharedKVConfig, w: dict[str, np.ndarray], ids: np.ndarray) -> None:
     """The weights a head config calls for, in its shapes (a file may say one thing, hold another)."""
-    want = head_weight_shapes(c)
+    want = shared_kv_weight_shapes(c) if isinstance(c, SharedKVConfig) else head_weight_shapes(c)
     for name, shape in want.items():
         got = w.get(name)
         if got is None or tuple(got.shape) != shape:

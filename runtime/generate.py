@@ -9,7 +9,7 @@ from typing import Callable
 from edgespec.errors import EdgespecError
 from edgespec.io import utf8
 from edgespec.runtime.decoding import Generation, Stats, Target
-from edgespec.runtime.drafters import make_drafter
+from edgespec.runtime.drafters import make_drafter, reads_kv
 from edgespec.runtime.engine import Engine
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.spec import SpecConfig
@@ -45,10 +45,11 @@ class Result:
 
 
 def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
-                lm_head: str = "auto", flash_attn: bool | None = None) -> Target:
+                lm_head: str = "auto", flash_attn: bool | None = None, draft: str | None = None) -> Target:
     """The engine for a target: llama.cpp for a GGUF file or known name, onnxruntime for a
     folder made by `edgespec export onnx-target` (whose LM head was chosen at export: `lm_head`
-    applies to llama.cpp targets, see LlamaTarget, as does `flash_attn`)."""
+    applies to llama.cpp targets, see LlamaTarget, as does `flash_attn`). `draft`: the drafter
+    it will serve (a shared-KV head needs llama.cpp's hidden-state probe)."""
     p = Path(str(target)).expanduser()
     if p.is_dir():
         from edgespec.runtime.ort_target import OrtTarget
@@ -57,7 +58,7 @@ def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch
     from edgespec.runtime.llama_target import LlamaTarget
 
     return LlamaTarget(target, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head,
-                       flash_attn=flash_attn)
+                       flash_attn=flash_attn, probe=reads_kv(draft))
 
 
 def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,
@@ -77,7 +78,7 @@ def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,
     utf8(prompt, "prompt")  # before anything loads
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = target if isinstance(target, Engine) else open_target(
-        target, n_ctx=n_ctx, n_threads=n_threads, lm_head=spec.lm_head)
+        target, n_ctx=n_ctx, n_threads=n_threads, lm_head=spec.lm_head, draft=spec.draft)
     drafter = make_drafter(spec.draft, engine.spec)
     ids = engine.tokenize(prompt)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError, one_line
-from edgespec.runtime.formats import (EAGLE3_ARCH, HeadConfig, HeadFile, cache_names,
+from edgespec.runtime.formats import (EAGLE3_ARCH, HeadConfig, HeadFile, SharedKVConfig, cache_names,
                                       gguf_architecture, kept_positions, read_checkpoint_head,
                                       read_eagle3_file, read_head_gguf, read_onnx_head_meta)
 from edgespec.runtime.onnx_session import open_session
@@ -37,6 +37,28 @@ def _rope(x, pos, base):
     sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + np.concatenate([-x2, x1], -1) * sin
+
+
+def _attend(q, K, V, scale: float, mask=None):
+    """q [T, H, D] over keys and values [S, Hkv, D] (query heads grouped by their KV head);
+    mask [T, S] bool, None: every key -> [T, H * D]."""
+    nh, hd, nkv = q.shape[1], q.shape[2], K.shape[1]
+    qg = q.reshape(-1, nkv, nh // nkv, hd)
+    s = np.einsum("tgrd,sgd->grts", qg, K) * np.float32(scale)
+    if mask is not None:
+        s = np.where(mask[None, None], s, -np.inf)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+    return np.einsum("grts,sgd->tgrd", s, V).reshape(-1, nh * hd)
+
+
+def _block_out(x, a, w, t, p: str, eps: float):
+    """The rest of a Gemma block after attention `a`: output projection, post-attention norm,
+    residual, then the GeGLU FFN with its pre and post norms and residual."""
+    x = x + _rms(a @ t[p + "o.weight"], w[p + "post_attn_norm.weight"], eps)
+    h = _rms(x, w[p + "pre_ffn_norm.weight"], eps)
+    f = (_gelu_tanh(h @ t[p + "gate.weight"]) * (h @ t[p + "up.weight"])) @ t[p + "down.weight"]
+    return x + _rms(f, w[p + "post_ffn_norm.weight"], eps)
 
 
 def _commit(c: HeadConfig, caches: list, axis: int) -> list:
@@ -79,16 +101,7 @@ class NumpyHead:
         mask = kpos[None, :] <= pos[:, None]
         if sliding:
             mask &= kpos[None, :] > pos[:, None] - c.sliding_window
-        qg = q.reshape(-1, nkv, nh // nkv, hd)  # group query heads by their KV head
-        s = np.einsum("tgrd,sgd->grts", qg, K) * c.scale
-        s = np.where(mask[None, None], s, -np.inf)
-        s = np.exp(s - s.max(-1, keepdims=True))
-        s /= s.sum(-1, keepdims=True)
-        a = np.einsum("grts,sgd->tgrd", s, V).reshape(-1, nh * hd)
-        x = x + _rms(a @ t[p + "o.weight"], w[p + "post_attn_norm.weight"], c.rms_eps)
-        h = _rms(x, w[p + "pre_ffn_norm.weight"], c.rms_eps)
-        f = (_gelu_tanh(h @ t[p + "gate.weight"]) * (h @ t[p + "up.weight"])) @ t[p + "down.weight"]
-        return x + _rms(f, w[p + "post_ffn_norm.weight"], c.rms_eps), k, v
+        return _block_out(x, _attend(q, K, V, c.scale, mask), w, t, p, c.rms_eps), k, v
 
     def forward(self, tok_emb, hidden, pos0, commit: bool, cache=None):
         """Pairs [T, E] x 2 at positions pos0.. -> outputs [T, E]; commit appends K/V."""
@@ -237,8 +250,53 @@ class Eagle3NumpyHead:
         return self._norm(state, "out_norm.weight") @ self.t["lm_head"]
 
 
-def load_head(path: str | Path) -> tuple[NumpyHead | OnnxHead, HeadFile]:
-    """A runnable head from a head ONNX or GGUF file or a training checkpoint folder."""
+class SharedKVNumpyHead:
+    """The shared-KV head's draft steps in numpy (training/shared_kv.py, step for step): no
+    cache of its own; each layer's queries attend the target's keys and values of one target
+    layer, which the drafter holds for the whole context (`runtime/drafters.SharedKVDrafter`).
+    Every step of a chain sits at the position after the target's last cached one."""
+
+    def __init__(self, config: SharedKVConfig, weights: dict[str, np.ndarray]):
+        self.c = config
+        self.w = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items() if v.ndim == 1}
+        self.t = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32).T)
+                  for k, v in weights.items() if v.ndim == 2}
+
+    def step_input(self, tok_emb: np.ndarray, hidden: np.ndarray) -> np.ndarray:
+        """tok_emb: the newest token's target embedding row(s) (unscaled) [T, E]; hidden: the
+        target's final hidden state (first step) or the head's last output [T, E] -> [T, d]."""
+        c, w = self.c, self.w
+        e = tok_emb * np.float32(c.embed_scale)
+        if c.input_norms:
+            e, hidden = _rms(e, w["emb_norm.weight"], c.rms_eps), _rms(hidden, w["hid_norm.weight"], c.rms_eps)
+        return np.concatenate([e, hidden], -1).astype(np.float32) @ self.t["pre_proj.weight"]
+
+    def forward(self, x: np.ndarray, qpos: int, keys: list[np.ndarray], values: list[np.ndarray]):
+        """x [T, d] at position qpos; keys/values per head layer [qpos, Hkv, D]: the target's
+        for positions 0..qpos-1 (a sliding layer reads its window of them) -> outputs [T, E]."""
+        c, w, t = self.c, self.w, self.t
+        nh, nkv, hd = c.n_head, c.n_head_kv, c.head_dim
+        pos = np.full(len(x), qpos)
+        for i in range(c.n_layer):
+            p = f"blocks.{i}."
+            sliding = c.layer_types[i] == "sliding"
+            K, V = keys[i], values[i]
+            if sliding:  # keys at positions > qpos - window
+                K, V = K[max(0, qpos - c.sliding_window + 1):], V[max(0, qpos - c.sliding_window + 1):]
+            h = _rms(x, w[p + "input_norm.weight"], c.rms_eps)
+            q = _rms((h @ t[p + "q.weight"]).reshape(-1, nh, hd), w[p + "q_norm.weight"], c.rms_eps)
+            q = _rope(q, pos, c.rope_base_local if sliding else c.rope_base_global)
+            x = _block_out(x, _attend(q, K, V, c.scale), w, t, p, c.rms_eps)
+        return _rms(x, w["out_norm.weight"], c.rms_eps) @ t["post_proj.weight"]
+
+    def logits(self, out: np.ndarray) -> np.ndarray:
+        """Draft-vocabulary logits of an output (the target's embedding rows, frozen)."""
+        return out @ self.t["lm_head"]
+
+
+def load_head(path: str | Path) -> tuple[NumpyHead | OnnxHead | SharedKVNumpyHead, HeadFile]:
+    """A runnable head from a head ONNX or GGUF file or a training checkpoint folder (a
+    shared-KV head runs from its checkpoint)."""
     path = Path(path)
     if not path.exists():
         raise EdgespecError(f"{path}: no such head file or folder")
@@ -248,5 +306,7 @@ def load_head(path: str | Path) -> tuple[NumpyHead | OnnxHead, HeadFile]:
     if path.suffix == ".gguf" and gguf_architecture(path) == EAGLE3_ARCH:
         info = read_eagle3_file(path)
         return Eagle3NumpyHead(info.config, info.weights), info
-    info = read_head_gguf(path) if path.suffix == ".gguf" else read_checkpoint_head(path)
+    info = read_head_gguf(path) if path.suffix == ".gguf" else read_checkpoint_head(path, shared_kv=True)
+    if isinstance(info.config, SharedKVConfig):
+        return SharedKVNumpyHead(info.config, info.weights), info
     return NumpyHead(info.config, info.weights), info

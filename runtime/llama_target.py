@@ -53,6 +53,9 @@ except ImportError as e:  # pragma: no cover - llama-cpp-python is a base depend
     raise EdgespecError(f"llama-cpp-python is not importable ({e}); run: pip install edgespec") from None
 
 
+WATCH = "watch"  # the probe's mode that copies tensors on the way and lets the graph finish
+
+
 @lc.llama_log_callback
 def _log_errors_only(level: int, text: bytes, user_data) -> None:
     # ggml's levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation.
@@ -307,6 +310,7 @@ class LlamaTarget(LlamaVocab, Engine):
                 print(f"edgespec: warning: {one_line(e)}; decoding with llama.cpp's full LM head "
                       "instead", file=sys.stderr)
         self.feature_layers: tuple[int, ...] = ()  # layer inputs every hidden read carries too
+        self.kv_layers: tuple[int, ...] = ()  # layers whose keys and values hidden reads carry
         self.draft_k = 6 if self.lowrank or self.batched_head else 3
         self.draft_k_sampled = 6 if self.batched_head else 3
 
@@ -355,19 +359,21 @@ class LlamaTarget(LlamaVocab, Engine):
         """An eval callback that, while `_grab` is set, copies the final hidden states (the
         tensor "result_norm") and stops the graph there: what follows is the LM head. Tensors
         named in `_grab_layers` (the residual stream "l_out-i" entering layer i + 1, a layer's
-        keys "Kcur-i" and values "Vcur-i") are copied on the way."""
+        keys "Kcur-i" and values "Vcur-i") are copied on the way. With `_grab` set to WATCH
+        only those are copied and the graph runs to its end (llama.cpp's own LM head)."""
         lib, grabbed, layers = _ggml(), self._grabbed, self._grab_layers
 
         def cb(t, ask, _user):
             if not self._grab:
                 return False
             name = lib.ggml_get_name(t)
+            stop = self._grab is not WATCH
             if ask:
-                return name == b"result_norm" or name in layers
+                return (stop and name == b"result_norm") or name in layers
             out = np.empty(lib.ggml_nbytes(t) // 4, np.float32)
             lib.ggml_backend_tensor_get(t, out.ctypes.data, 0, out.nbytes)
             grabbed.append((name, out))
-            return name != b"result_norm"
+            return not stop or name != b"result_norm"
 
         self._cb = lc.ggml_backend_sched_eval_callback(cb)  # kept alive with the context
         cparams.cb_eval = self._cb
@@ -384,6 +390,44 @@ class LlamaTarget(LlamaVocab, Engine):
         self.tokens.extend(tokens)
         return out
 
+    def _decode_watch(self, tokens: list[int], outputs: list[bool], kv_layers: tuple[int, ...]):
+        """Decode through llama.cpp's own LM head (its logits as usual); the keys and values of
+        `kv_layers` for every token [n, 2 * kv_width * len(kv_layers)], read on the way."""
+        names = self._kv_names(kv_layers)
+        self._grab_layers.clear()
+        self._grab_layers.update(names)
+        self._grabbed.clear()
+        self._grab = WATCH
+        try:
+            self._decode_chunk(tokens, outputs)
+        finally:
+            self._grab = False
+            self._grab_layers.clear()
+        got = self._collect()
+        return np.concatenate([self._kv_rows(got, name, len(tokens)) for name in names], axis=1)
+
+    @staticmethod
+    def _kv_names(kv_layers: tuple[int, ...]) -> list[bytes]:
+        return [b"%s-%d" % (kind, i) for i in kv_layers for kind in (b"Kcur", b"Vcur")]
+
+    def _collect(self) -> dict[bytes, list[np.ndarray]]:
+        got: dict[bytes, list[np.ndarray]] = {}
+        for name, rows in self._grabbed:
+            got.setdefault(name, []).append(rows)
+        self._grabbed.clear()
+        return got
+
+    def _kv_rows(self, got: dict, name: bytes, n_tok: int) -> np.ndarray:
+        """One layer's keys or values for the decode's n_tok tokens [n_tok, kv_width]. The
+        graph names both the projection and the tensor the cache stores "Kcur-i" (the latter
+        after the norm and RoPE, computed last): a decode is one ubatch (n_ubatch = n_batch),
+        so the last one read is the cache's."""
+        w = self.kv_width
+        rows = got.get(name, [None])[-1]
+        if rows is None or rows.size != n_tok * w:
+            raise RuntimeError(f"hidden-state probe read no {name.decode()} rows for {n_tok} tokens")
+        return rows.reshape(n_tok, w)
+
     @property
     def kv_width(self) -> int:
         """Floats of one token's keys (or values) in one layer: KV heads x head width."""
@@ -396,7 +440,7 @@ class LlamaTarget(LlamaVocab, Engine):
             raise RuntimeError("this engine was opened without the hidden-state probe")
         self._set_embeddings(False)
         names = [b"l_out-%d" % (i - 1) for i in layers]
-        kv_names = [b"%s-%d" % (kind, i) for i in kv_layers for kind in (b"Kcur", b"Vcur")]
+        kv_names = self._kv_names(kv_layers)
         self._grab_layers.clear()
         self._grab_layers.update(names + kv_names)
         self._grabbed.clear()
@@ -406,10 +450,7 @@ class LlamaTarget(LlamaVocab, Engine):
         finally:
             self._grab = False
             self._grab_layers.clear()
-        got: dict[bytes, list[np.ndarray]] = {}
-        for name, rows in self._grabbed:
-            got.setdefault(name, []).append(rows)
-        self._grabbed.clear()
+        got = self._collect()
         n_out = sum(sum(p[3]) for p in pieces)
         parts = []
         for name in [b"result_norm", *names]:
@@ -418,27 +459,22 @@ class LlamaTarget(LlamaVocab, Engine):
                 raise RuntimeError(f"hidden-state probe read {rows.size} values of "
                                    f"{name.decode()} for {n_out} rows")
             parts.append(rows.reshape(-1, self.n_embd))
-        n_tok, w = sum(len(p[2]) for p in pieces), self.kv_width
-        for name in kv_names:
-            # the graph names both the projection and the tensor the cache stores "Kcur-i"
-            # (the latter after the norm and RoPE, computed last): a decode is one ubatch
-            # (n_ubatch = n_batch), so the last one read is the cache's
-            rows = got.get(name, [None])[-1]
-            if rows is None or rows.size != n_tok * w or n_out != n_tok:
-                raise RuntimeError(f"hidden-state probe read no {name.decode()} rows for "
-                                   f"{n_tok} tokens ({n_out} outputs)")
-            parts.append(rows.reshape(n_tok, w))
+        n_tok = sum(len(p[2]) for p in pieces)
+        if kv_names and n_out != n_tok:
+            raise RuntimeError(f"keys and values are read with every row an output ({n_out} of "
+                               f"{n_tok} here)")
+        parts += [self._kv_rows(got, name, n_tok) for name in kv_names]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
     def hidden_states(self, tokens: list[int], layers: tuple[int, ...] | None = None,
-                      kv_layers: tuple[int, ...] = ()) -> np.ndarray:
+                      kv_layers: tuple[int, ...] | None = None) -> np.ndarray:
         """Decode tokens into the cache; their final hidden states [n, n_embd]. With the probe
         no logits are computed; without it embeddings mode computes them too. `layers` (probe
         only): also the input of each of these layers (1 .. n_layer - 1), concatenated after
         the final hidden state: [n, n_embd * (1 + len(layers))]. Default: `feature_layers`.
         `kv_layers` (probe only): then each of these layers' keys and values, `kv_width` each
-        (what a shared-KV head attends: training/shared_kv.py)."""
-        kv_layers = tuple(int(i) for i in kv_layers)
+        (what a shared-KV head attends: training/shared_kv.py). Default: `kv_layers`."""
+        kv_layers = self.kv_layers if kv_layers is None else tuple(int(i) for i in kv_layers)
         if kv_layers:
             if self._cb is None:
                 raise RuntimeError("keys and values need the hidden-state probe (probe=True)")
@@ -535,6 +571,27 @@ class LlamaTarget(LlamaVocab, Engine):
             set_(self._ctx, i, True)
         self.feature_layers = layers
 
+    def set_kv_layers(self, layers: tuple[int, ...] = ()) -> None:
+        """From now on every hidden-state read (`decode(hidden=True)`, `hidden_states`) also
+        carries the keys and values of these layers, as the cache holds them (keys after the
+        norm and RoPE): [n, n_embd + 2 * kv_width * len(layers)], per layer keys then values
+        (shared-KV heads read them: the same decode that verifies hands them over). () turns
+        it off. Needs the hidden-state probe (`probe=True`)."""
+        layers = tuple(int(i) for i in layers)
+        if layers == self.kv_layers:
+            return
+        if layers and self._cb is None:
+            raise EdgespecError("this engine was opened without the hidden-state probe, which "
+                                "reads the keys and values a shared-KV head needs (probe=True)")
+        bad = [i for i in layers if not 0 <= i < self.n_layer]
+        if bad:
+            raise EdgespecError(f"layer {bad[0]} is not a layer of this target "
+                                f"(choose from 0 to {self.n_layer - 1})")
+        if layers and self.feature_layers:
+            raise EdgespecError("a head reads either layer inputs (EAGLE-3) or keys and values "
+                                "(shared-KV), not both")
+        self.kv_layers = layers
+
     def _layer_rows(self, n: int, copy: bool) -> list[np.ndarray]:
         """The inputs of the feature layers for the last decode's n tokens (native extraction)."""
         _, get_ = _layer_inputs_api()
@@ -629,13 +686,16 @@ class LlamaTarget(LlamaVocab, Engine):
         n = len(tokens)
         every = all_logits or hidden
         layers = self.feature_layers if hidden else ()
+        kv = self.kv_layers if hidden else ()
         if top_only and self.lowrank_head is not None:
-            h = self._decode_grab(tokens, [True] * n if every else [False] * (n - 1) + [True])
+            h = self._decode_grab(tokens, [True] * n if every else [False] * (n - 1) + [True],
+                                  kv_layers=kv)
             if layers:
                 h = np.concatenate([h, *self._layer_rows(n, True)], axis=1)
             return self.lowrank_head.top_logits(h[:, :self.n_embd]), (h if hidden else None)
         if self.batched_head is not None:
-            h = self._decode_grab(tokens, [True] * n if every else [False] * (n - 1) + [True])
+            h = self._decode_grab(tokens, [True] * n if every else [False] * (n - 1) + [True],
+                                  kv_layers=kv)
             if layers:
                 h = np.concatenate([h, *self._layer_rows(n, True)], axis=1)
             return self.batched_head.logits(h[:, :self.n_embd]), (h if hidden else None)
@@ -643,12 +703,15 @@ class LlamaTarget(LlamaVocab, Engine):
         # SmolLM2): left on where it changes nothing (every row is an output anyway)
         if hidden or (n > 1 and not every):
             self._set_embeddings(hidden)
-        self._decode_chunk(tokens, [True] * n if every else [False] * (n - 1) + [True])
+        outputs = [True] * n if every else [False] * (n - 1) + [True]
+        kv_rows = self._decode_watch(tokens, outputs, kv) if kv else None
+        if not kv:
+            self._decode_chunk(tokens, outputs)
         n_out = n if every else 1
         logits = self._rows(lc.llama_get_logits(self._ctx), n_out, self.n_vocab, copy)
         hid = self._rows(lc.llama_get_embeddings(self._ctx), n, self.n_embd, copy) if hidden else None
-        if hid is not None and layers:
-            hid = np.concatenate([hid, *self._layer_rows(n, True)], axis=1)
+        if hid is not None and (layers or kv):
+            hid = np.concatenate([hid, *self._layer_rows(n, True), *([kv_rows] if kv else [])], axis=1)
         return logits, hid
 
     @staticmethod

@@ -325,8 +325,12 @@ def open_slots(target: str, spec: SpecConfig, parallel: int, n_ctx: int, threads
         return [SpeculativeLlama(target, n_ctx=n_ctx, n_threads=threads, flash_attn=None,
                                  **asdict(spec))], None
     from edgespec.runtime.batching import Batcher
+    from edgespec.runtime.drafters import reads_kv
     from edgespec.runtime.llama_target import LlamaTarget
 
+    if reads_kv(spec.draft):
+        raise EdgespecError("shared-KV heads read the target's keys and values one request at a "
+                            "time; serve them with --parallel 1")
     if Path(str(target)).expanduser().is_dir():
         raise EdgespecError("--parallel > 1 runs GGUF targets on llama.cpp; serve an ONNX "
                             "target with --parallel 1")

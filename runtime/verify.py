@@ -164,11 +164,11 @@ class SampledVerifier(Verifier):
 
 
 def make_verifier(target, sampling: SamplingParams, grammar=None, logprobs: int | None = None,
-                  stopping=None) -> Verifier:
+                  stopping=None, exact: bool = True) -> Verifier:
     """The verifier for one request on `target`. Greedy rows that need only their top token go
     to the low-rank LM head where the engine has one; other greedy requests on llama.cpp's own
     LM head are exact where the engine's small batches keep one-token numbers (measured once
-    per engine)."""
+    per engine; `exact` False: never)."""
     kw = {"grammar": grammar, "logprobs": logprobs, "stopping": stopping}
     if not sampling.greedy:
         return SampledVerifier(sampling, target=target, **kw)
@@ -177,7 +177,7 @@ def make_verifier(target, sampling: SamplingParams, grammar=None, logprobs: int 
     # exact mode caps a pass at the rows whose numbers match one-token decodes: worth it where
     # every row costs nearly a decode anyway (llama.cpp's own LM head), not with the low-rank or
     # batched head, whose rows are cheap (a cap of 2 or 3 rows halved the greedy speedup)
-    if not (top_only and target.lowrank_head is not None) and target.batched_head is None:
+    if exact and not (top_only and target.lowrank_head is not None) and target.batched_head is None:
         rows = target.invariant_batch()
         if rows >= 2:
             return ExactVerifier(sampling, rows, top_only=top_only, **kw)

@@ -219,3 +219,136 @@ def test_extract_kv_stores_the_keys_the_gemma_cache_holds(tmp_path):
         stored = rows[:, spec.n_embd + 2 * i * w:spec.n_embd + (2 * i + 1) * w]
         assert np.abs(stored - turned).max() <= 2e-2 * np.abs(turned).max()  # fp16 storage
         assert np.abs(stored - k).max() > 0.1 * np.abs(k).max()  # not the unturned keys
+
+
+# -- run time: the numpy head, the engine's keys and values, the drafter in the decode loop ----
+
+@torch.no_grad()
+def test_numpy_head_steps_equal_the_torch_head():
+    """runtime/heads.SharedKVNumpyHead is the torch head step for step (RoPE of the query,
+    the sliding window, the input norms, the frozen LM head)."""
+    from edgespec.runtime.heads import SharedKVNumpyHead
+
+    for norms in (False, True):
+        head = _head(input_norms=norms)
+        emb, hid, kv = _inputs(T=20)
+        w = {k: v.numpy() for k, v in head.state_dict().items()}
+        nh = SharedKVNumpyHead(head.c, w)
+        pairs = head.split_kv(kv)
+        keys = [k[0].numpy() for k, _ in pairs]
+        values = [v[0].numpy() for _, v in pairs]
+        for t in (0, 5, 14):  # chains before and after the sliding window (8) fills
+            qpos = t + 1
+            masks = head.masks(torch.tensor([[qpos]]), torch.ones(1, kv.shape[1], dtype=torch.bool))
+            h, x = hid[:, t:t + 1], hid[0, t:t + 1].numpy()
+            for j in range(3):
+                h = head.forward_steps(head.step_input(emb[:, t + j:t + j + 1], h),
+                                       torch.tensor([[qpos]]), pairs, masks)
+                x = nh.forward(nh.step_input(emb[0, t + j:t + j + 1].numpy(), x), qpos,
+                               [k[:qpos] for k in keys], [v[:qpos] for v in values])
+                assert np.allclose(x, h[0].numpy(), atol=1e-4), (norms, t, j)
+            assert np.allclose(nh.logits(x[0]), head.logits(h)[0, 0].numpy(), atol=1e-3)
+
+
+def _gemma_kv_checkpoint(folder, spec, seed=0):
+    """A shared-KV head for the real Gemma 3 270M with random weights (small width): what the
+    run-time tests need is the shape of the real thing, not its skill."""
+    from edgespec.training.shared_kv import SharedKVHead
+    from edgespec.training.train import save_checkpoint, shared_kv_config_for
+
+    torch.manual_seed(seed)
+    ids = np.arange(2, 514, dtype=np.int64)
+    head = SharedKVHead(shared_kv_config_for(spec, len(ids), (16, 17), d_model=64, n_ff=64,
+                                             input_norms=True))
+    from edgespec.targets import embedding_rows
+
+    head.lm_head.copy_(torch.as_tensor(np.asarray(embedding_rows(spec)[ids], np.float32)))
+    meta = {"format": "edgespec-head", "version": 1, "target": spec.name, "target_path": str(spec.path),
+            "target_fingerprint": spec.tokenizer_fingerprint, "target_arch": spec.arch,
+            "draft_vocab": {"ids": ids.tolist()}}
+    save_checkpoint(folder, head, meta)
+    return folder
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("lm_head,temperature", [("auto", 0.0), ("full", 0.8)])
+def test_shared_kv_drafter_holds_the_keys_the_cache_holds(tmp_path, monkeypatch, lm_head, temperature):
+    """On the real Gemma 3 270M, a shared-KV head (with prompt lookup) drafts in the decode loop:
+    the keys, values and hidden states it was handed by the verify passes (through the probe
+    that stops before the LM head, or one that lets llama.cpp's own head finish) are those of
+    the final text's positions, rejected drafts rolled back, as a fresh decode of that text
+    computes them; greedy text is target-only decoding's."""
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
+    from edgespec.runtime.decoding import Generation
+    from edgespec.runtime.drafters import MixedDrafter, SharedKVDrafter, make_drafter, reads_kv
+    from edgespec.runtime.llama_target import LlamaTarget
+    from edgespec.runtime.policies import FixedK
+    from edgespec.runtime.sampling import SamplingParams
+
+    spec = load_target_spec("gemma3-270m")
+    ckpt = _gemma_kv_checkpoint(tmp_path / "skv", spec)
+    assert reads_kv(str(ckpt)) and reads_kv(f"head:{ckpt}") and not reads_kv("default")
+    drafter = make_drafter(str(ckpt), spec)
+    assert isinstance(drafter, MixedDrafter) and isinstance(drafter.head, SharedKVDrafter)
+    eng = LlamaTarget("gemma3-270m", n_ctx=512, n_batch=64, lm_head=lm_head, probe=True)
+    sp = SamplingParams(temperature=temperature, seed=3)
+    # lookup drafts where the text repeats (accepted runs), the head everywhere else (rejected:
+    # its weights are random), so passes keep some rows and roll others back
+    prompt = eng.tokenize("Write a list of fruit, one per line: apple, pear, plum. A list of fruit:")
+    try:
+        gen = Generation(eng, prompt, sp, max_tokens=48, drafter=drafter, policy=FixedK(3))
+        list(gen)
+        base = Generation(eng, prompt, sp, max_tokens=48, policy=FixedK(0))
+        list(base)
+        if sp.greedy:  # (sampled text keeps the target's law; its rows' rounding moves with
+            assert gen.token_ids == base.token_ids  # the batch, and so do some draws)
+        st = gen.stats
+        assert st.by_source.get(drafter.head.source, [0, 0])[1] > 0, st.by_source  # the head drafted
+        assert st.accepted > 0 and st.drafted > st.accepted  # some kept, some rolled back
+        context = list(prompt) + gen.token_ids
+        head = drafter.head
+        assert head.kv_held() == len(context) - 1
+        eng.reset()
+        eng.set_kv_layers(())
+        fresh = eng.hidden_states(context[:-1], kv_layers=(16, 17))
+    finally:
+        eng.close()
+    n, e, w = head.n, spec.n_embd, 256
+    parts = [(head._h[:n], fresh[:, :e])] + [
+        (a[:n].reshape(n, w), fresh[:, e + j * w:e + (j + 1) * w])
+        for j, a in enumerate((head._k[0], head._v[0], head._k[1], head._v[1]))]
+
+    def cos(x, y):
+        return (x * y).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(y, axis=1)
+
+    for got, want in parts:
+        # llama.cpp's numbers move a little with the batch a row is decoded in (a few per
+        # thousand of cosine here); a row of another position (a rolled-back draft's, or one
+        # off) is far further from the fresh one than its own
+        assert got.shape == want.shape
+        same = cos(got, want)
+        assert same.min() > 0.99, same.min()
+        assert (same[1:] > cos(got[1:], want[:-1])).all() and (same[:-1] > cos(got[:-1], want[1:])).all()
+
+
+@pytest.mark.integration
+def test_shared_kv_head_runs_from_the_command_line_and_refuses_clearly(tmp_path, monkeypatch):
+    """`edgespec generate --draft FOLDER` opens the engine with the probe a shared-KV head needs;
+    the batched server and exports refuse it in one line."""
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
+    from edgespec.runtime.generate import generate
+    from edgespec.runtime.server import open_slots
+    from edgespec.runtime.spec import SpecConfig
+
+    spec = load_target_spec("gemma3-270m")
+    ckpt = _gemma_kv_checkpoint(tmp_path / "skv", spec)
+    r = generate("gemma3-270m", "The capital of France is", max_tokens=12, n_ctx=256,
+                 spec=SpecConfig(draft=f"head:{ckpt}", lm_head="full", k=2, policy="fixed"), compare=True)
+    assert r.stats.drafted > 0 and r.compare.same_output
+    with pytest.raises(EdgespecError, match="--parallel 1"):
+        open_slots("gemma3-270m", SpecConfig(draft=str(ckpt)), 2, 256, None)
+    from edgespec.exporters.gguf_head import write_head_gguf
+
+    with pytest.raises(EdgespecError, match="shared-KV head"):
+        write_head_gguf(ckpt, tmp_path / "h.gguf")
+    assert not (tmp_path / "h.gguf").exists()

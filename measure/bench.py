@@ -64,7 +64,8 @@ def parse_methods(spec: str, drafts: list[str], k: int | None, policy: str = "co
         elif name == "edgespec":
             draft = drafts[min(di, len(drafts) - 1)] if drafts else "default"
             di += 1
-            label = "edgespec" if len(drafts) <= 1 else f"edgespec[{Path(draft).name}]"
+            alone = "head:" if draft.startswith("head:") else ""  # a head alone, or mixed with lookup
+            label = "edgespec" if len(drafts) <= 1 else f"edgespec[{alone}{Path(draft).name}]"
             if pol:
                 label += f":{pol}"
             methods.append(Method(label, "edgespec", draft=draft, k=k, policy=pol or policy))

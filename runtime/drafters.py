@@ -18,7 +18,8 @@ import numpy as np
 from edgespec.errors import EdgespecError
 from edgespec.runtime.assets import default_head
 from edgespec.runtime.decoding import Draft, Drafter, Limit
-from edgespec.runtime.formats import CKPT_WEIGHTS, head_arch, read_checkpoint_config
+from edgespec.runtime.formats import (CKPT_WEIGHTS, GGUF_SHARED_KV_ARCH, gguf_architecture, head_arch,
+                                      read_checkpoint_config)
 from edgespec.runtime.heads import load_head
 from edgespec.runtime.sampling import SamplingParams, chain
 from edgespec.targets import embedding_rows
@@ -406,11 +407,13 @@ def make_drafter(draft: str | None, spec):
 
 def reads_kv(draft: str | None) -> bool:
     """Whether the drafter named `draft` reads the target's keys and values (a shared-KV head's
-    checkpoint folder): its engine must be opened with the hidden-state probe."""
+    checkpoint folder or GGUF file): its engine must be opened with the hidden-state probe."""
     if not draft:
         return False
     name = draft[len("head:"):] if draft.startswith("head:") else draft
     p = Path(name).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return gguf_architecture(p) == GGUF_SHARED_KV_ARCH
     if not p.is_dir() or not (p / CKPT_WEIGHTS).exists():
         return False
     return head_arch(read_checkpoint_config(p).get("head") or {}) == "shared-kv"

@@ -222,6 +222,7 @@ DRAFT_IDS = "draft_ids"  # the draft vocabulary's target ids, stored beside the 
 
 # -- head GGUF (`edgespec export gguf`) ---------------------------------------------------------
 GGUF_ARCH = "edgespec-mtp"
+GGUF_SHARED_KV_ARCH = "edgespec-shared-kv"  # a shared-KV head's file: the same keys under its name
 GGUF_HEAD_CONFIG = f"{GGUF_ARCH}.head_config"
 GGUF_TARGET = f"{GGUF_ARCH}.target"
 GGUF_FINGERPRINT = f"{GGUF_ARCH}.target_fingerprint"
@@ -381,12 +382,15 @@ def read_head_gguf(path: str | Path, weights: bool = True) -> HeadFile:
 
     header = read_header(path)
     md = header.metadata
-    if md.get("general.architecture") != GGUF_ARCH:
-        raise EdgespecError(f"{path}: not an edgespec head (architecture "
-                            f"{md.get('general.architecture')})")
+    arch = md.get("general.architecture")
+    if arch not in (GGUF_ARCH, GGUF_SHARED_KV_ARCH):
+        raise EdgespecError(f"{path}: not an edgespec head (architecture {arch})")
+    key = lambda name: name.replace(GGUF_ARCH, arch, 1)  # noqa: E731
     try:
-        config = HeadConfig.from_dict(json.loads(md[GGUF_HEAD_CONFIG]))
-        info = (md.get(GGUF_TARGET), md[GGUF_FINGERPRINT], np.asarray(md[GGUF_DRAFT_VOCAB], dtype=np.int64))
+        kind = SharedKVConfig if arch == GGUF_SHARED_KV_ARCH else HeadConfig
+        config = kind.from_dict(json.loads(md[key(GGUF_HEAD_CONFIG)]))
+        info = (md.get(key(GGUF_TARGET)), md[key(GGUF_FINGERPRINT)],
+                np.asarray(md[key(GGUF_DRAFT_VOCAB)], dtype=np.int64))
     except (KeyError, TypeError, ValueError) as e:
         raise EdgespecError(f"{path}: edgespec head metadata is incomplete ({e})") from None
     if not isinstance(info[1], str):

@@ -516,7 +516,9 @@ def render() -> str:
         rows = [[Path(e["out"]).name, e["check"]["runtime"], f"{e['bytes'] / 2**20:.1f}",
                  f"{e['check']['top1_agreement']:.3f}", f"{e['check']['max_logit_error']:.3f}",
                  f"{e['check']['ms_per_draft_step']:.2f}", "yes" if e["shipped"] else ""] for e in r["exports"]]
-        parts.append(table(f"Head exports for {r['target']} (`{p.relative_to(ROOT)}`, `scripts/ship_head.sh`), "
+        made = r.get("made_by", "scripts/ship_head.sh")
+        what = f" of the {r['head']}" if r.get("head") else ""
+        parts.append(table(f"Head exports{what} for {r['target']} (`{p.relative_to(ROOT)}`, `{made}`), "
                            "each checked against the trained torch head on held-out hidden states:",
                            ["file", "runtime", "MB", "top-1 agreement", "max logit error", "ms/draft step",
                             "shipped"], rows))

@@ -308,6 +308,14 @@ def test_shared_kv_drafter_holds_the_keys_the_cache_holds(tmp_path, monkeypatch,
         context = list(prompt) + gen.token_ids
         head = drafter.head
         assert head.kv_held() == len(context) - 1
+        # a next call that extends this text (a chat's next turn) keeps the cache and the
+        # head's rows for the common prefix, and decodes only the rest
+        more = context + eng.tokenize(" And vegetables:", add_bos=False)
+        gen = Generation(eng, more, sp, max_tokens=16, drafter=drafter, policy=FixedK(3))
+        list(gen)
+        assert gen.stats.prompt_reused == len(context) - 1
+        context = more + gen.token_ids
+        assert head.kv_held() == len(context) - 1
         eng.reset()
         eng.set_kv_layers(())
         fresh = eng.hidden_states(context[:-1], kv_layers=(16, 17))
@@ -333,8 +341,8 @@ def test_shared_kv_drafter_holds_the_keys_the_cache_holds(tmp_path, monkeypatch,
 
 @pytest.mark.integration
 def test_shared_kv_head_runs_from_the_command_line_and_refuses_clearly(tmp_path, monkeypatch):
-    """`edgespec generate --draft FOLDER` opens the engine with the probe a shared-KV head needs;
-    the batched server and exports refuse it in one line."""
+    """`edgespec generate --draft FOLDER` (or the head's GGUF) opens the engine with the probe a
+    shared-KV head needs; the batched server and the EAGLE-3 export refuse it in one line."""
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
     from edgespec.runtime.generate import generate
     from edgespec.runtime.server import open_slots
@@ -347,8 +355,50 @@ def test_shared_kv_head_runs_from_the_command_line_and_refuses_clearly(tmp_path,
     assert r.stats.drafted > 0 and r.compare.same_output
     with pytest.raises(EdgespecError, match="--parallel 1"):
         open_slots("gemma3-270m", SpecConfig(draft=str(ckpt)), 2, 256, None)
+    from edgespec.exporters.eagle3_gguf import write_eagle3_gguf
     from edgespec.exporters.gguf_head import write_head_gguf
 
-    with pytest.raises(EdgespecError, match="shared-KV head"):
-        write_head_gguf(ckpt, tmp_path / "h.gguf")
-    assert not (tmp_path / "h.gguf").exists()
+    with pytest.raises(EdgespecError, match="not an EAGLE-3 head"):
+        write_eagle3_gguf(ckpt, tmp_path / "e.gguf")
+    assert not (tmp_path / "e.gguf").exists()
+    write_head_gguf(ckpt, tmp_path / "h.gguf", quant="f16")  # the head GGUF drafts the same way
+    g = generate("gemma3-270m", "The capital of France is", max_tokens=12, n_ctx=256,
+                 spec=SpecConfig(draft=f"head:{tmp_path / 'h.gguf'}", lm_head="full", k=2, policy="fixed"))
+    assert g.stats.drafted > 0 and g.token_ids == r.token_ids
+
+
+def test_shared_kv_head_exports_to_gguf_and_checks_against_the_trained_head(tiny_kv):
+    """`export gguf` of a shared-KV checkpoint: its own architecture name, read back by the
+    runtime as a shared-KV head (and named so by `reads_kv`), its steps checked against the
+    torch head on held-out features with keys and values; q4_0 keeps pre_proj and the LM head
+    at q8_0; an EAGLE-3-only export refuses it."""
+    from edgespec.exporters.check import check_head_export
+    from edgespec.exporters.gguf_head import write_head_gguf
+    from edgespec.runtime.drafters import reads_kv
+    from edgespec.runtime.formats import GGUF_SHARED_KV_ARCH, gguf_architecture, read_head_gguf
+    from edgespec.runtime.heads import SharedKVNumpyHead, load_head
+    from edgespec.training.train import train
+
+    path, spec, feats, tmp = tiny_kv
+    train(str(path), feats, tmp / "skv", small_cfg(arch="shared-kv", steps=20, save_every=20),
+          head_overrides={"n_ff": 32, "d_model": 32}, log=lambda m: None)
+    for quant, tol in (("f16", 0.05), ("q8_0", 0.2)):
+        out = tmp / f"skv-{quant}.gguf"
+        r = write_head_gguf(tmp / "skv", out, quant=quant)
+        assert r["bytes"] == out.stat().st_size > 0
+        assert gguf_architecture(out) == GGUF_SHARED_KV_ARCH and reads_kv(str(out))
+        nh, info = load_head(out)
+        assert isinstance(nh, SharedKVNumpyHead) and info.config.kv_layers == [4, 5]
+        chk = check_head_export(tmp / "skv", out, feats, max_samples=4, every=4)
+        assert chk["compared"] > 0 and chk["max_logit_error"] < tol, chk
+        assert chk["top1_agreement"] >= 0.9, chk
+    from edgespec.gguf_meta import read_header
+
+    write_head_gguf(tmp / "skv", tmp / "q4.gguf", quant="q4_0")
+    kinds = {n: t.type_name for n, t in read_header(tmp / "q4.gguf").tensors.items()}
+    assert read_head_gguf(tmp / "q4.gguf").config.arch == "shared-kv"
+    assert kinds["pre_proj.weight"] == "Q8_0" and kinds["blocks.0.up.weight"] == "Q4_0"
+    assert kinds["lm_head"] != "Q4_0"  # (rows of 16 here: too short for blocks of 32, F32)
+    plain = write_features(tmp / "plain-check", spec)
+    with pytest.raises(EdgespecError, match="extract with --kv"):
+        check_head_export(tmp / "skv", tmp / "skv-f16.gguf", plain)

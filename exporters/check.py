@@ -114,13 +114,13 @@ def _check_shared_kv(head, meta, nh, exported, feats, n_steps: int, max_samples:
             x = hid[t:t + 1]
             for j in range(n_steps):
                 t0 = time.perf_counter()
-                x = nh.forward(nh.step_input(emb[t + 1 + j][None], x), t + 1, keys, values)
-                lg = nh.logits(x[0])
+                x, lg = nh.step(emb[t + 1 + j][None], x, t + 1, keys, values)
+                lg = lg[0]
                 step_s += time.perf_counter() - t0
                 steps += 1
                 errs.append(float(np.abs(lg - ref_logits[j][t]).max()))
                 agree += int(lg.argmax() == ref_logits[j][t].argmax())
                 total += 1
-    return {"exported": str(exported), "runtime": "numpy", "bytes": Path(exported).stat().st_size,
-            "max_logit_error": round(max(errs), 5), "top1_agreement": round(agree / total, 4),
+    return {"exported": str(exported), "runtime": "onnxruntime" if Path(exported).suffix == ".onnx"
+            else "numpy", "bytes": Path(exported).stat().st_size, "max_logit_error": round(max(errs), 5), "top1_agreement": round(agree / total, 4),
             "compared": total, "ms_per_draft_step": round(1000 * step_s / max(steps, 1), 3)}

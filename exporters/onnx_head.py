@@ -10,6 +10,11 @@ scalar, the position of the first of the T pairs) and `past_key_values.{i}.key/v
 T and past are dynamic. The head config, the draft vocabulary and the target fingerprint are in
 the model's metadata, so the file alone runs next to its target (no torch needed to run it).
 
+A shared-KV head has no cache of its own: its inputs are `tok_emb`, `hidden`, `position` (where
+every row sits) and `kv.{i}.key/value` [S_i, kv_heads, head_dim], the target's keys and values
+that head layer i attends (a sliding layer's cut to its window by the runtime); outputs
+`logits` [T, draft_vocab] and `hidden_out` [T, E].
+
 Quantization: int8 with onnxruntime's dynamic quantization (per-channel weights), int4 with
 MatMulNBits (block 32, symmetric, accuracy level 4 so the CPU kernel runs int8 dot products); in
 both the input projection and the LM head stay in 8 bits (see `_quantize`).
@@ -28,7 +33,7 @@ from edgespec.errors import EdgespecError
 from edgespec.io import atomic_write
 from edgespec.runtime.formats import (ONNX_DRAFT_VOCAB, ONNX_FINGERPRINT, ONNX_FORMAT,
                                       ONNX_HEAD_CONFIG, ONNX_HEAD_FORMAT, ONNX_QUANT, ONNX_TARGET,
-                                      cache_names, require_mtp_head)
+                                      cache_names, head_arch, require_mtp_head)
 
 QUANTS = ("fp32", "int8", "int4")
 OPSET = 17
@@ -142,9 +147,10 @@ def quiet_quantizers():
 
 
 def _projection_matmuls(model, c) -> list[str]:
-    """The input projection ([2E, E] weight) and the LM head ([E, draft vocab]) MatMul nodes."""
+    """The input projection ([2E, d] weight; d = E but in a shared-KV head) and the LM head
+    ([E, draft vocab]) MatMul nodes."""
     shapes = {i.name: tuple(i.dims) for i in model.graph.initializer}
-    wanted = {(2 * c.n_embd, c.n_embd), (c.n_embd, c.n_draft_vocab)}
+    wanted = {(2 * c.n_embd, getattr(c, "d_model", c.n_embd)), (c.n_embd, c.n_draft_vocab)}
     return [n.name for n in model.graph.node
             if n.op_type == "MatMul" and shapes.get(n.input[1]) in wanted]
 
@@ -180,6 +186,38 @@ def _quantize(model, raw: Path, work: Path, quant: str, c):
     return model
 
 
+def _shared_kv_module(head):
+    """One shared-KV draft step: (tok_emb [T, E], hidden [T, E], position, then per head layer
+    the target's keys and values it attends [S_i, Hkv, D], a sliding layer's cut to its window
+    by the caller) -> (logits [T, draft vocab], hidden_out [T, E]); every row at `position`."""
+    import torch
+    from torch import nn
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = head
+
+        def forward(self, tok_emb, hidden, position, *kv):
+            h = self.head
+            x = h.step_input(tok_emb[None], hidden[None])  # [1, T, d]
+            qpos = position + torch.zeros_like(tok_emb[None, :, 0], dtype=torch.int64)  # [1, T]
+            for i, blk in enumerate(h.blocks):
+                k, v = kv[2 * i][None], kv[2 * i + 1][None]
+                every = torch.ones_like(qpos, dtype=torch.bool)[:, :, None] & \
+                    torch.ones_like(k[:, :, 0, 0], dtype=torch.bool)[:, None, :]  # [1, T, S]
+                x = blk(x, qpos, k, v, every)
+            out = h.post_proj(h.out_norm(x))[0]
+            return h.logits(out), out
+
+    return Step().eval()
+
+
+def shared_kv_io_names(n_layer: int) -> tuple[list[str], list[str]]:
+    kv = [f"kv.{i}.{kind}" for i in range(n_layer) for kind in ("key", "value")]
+    return ["tok_emb", "hidden", "position", *kv], ["logits", "hidden_out"]
+
+
 def io_names(n_layer: int) -> tuple[list[str], list[str]]:
     return cache_io_names(["tok_emb", "hidden", "position"], ["logits", "hidden_out"], n_layer)
 
@@ -193,14 +231,23 @@ def write_head_onnx(ckpt: str | Path, out: str | Path, quant: str = "int8") -> d
     if quant not in QUANTS:
         raise EdgespecError(f"unknown --quant {quant} for ONNX; choose from {', '.join(QUANTS)}")
     head, meta = load_checkpoint(ckpt)
-    require_mtp_head(meta["head"], ckpt, " (`export onnx` writes edgespec's MTP head)")
+    shared = head_arch(meta["head"]) == "shared-kv"
+    if not shared:
+        require_mtp_head(meta["head"], ckpt, " (`export onnx` writes edgespec's MTP and shared-KV heads)")
     c = head.c
-    step = _graph_module(head)
-    ins, outs = io_names(c.n_layer)
     T, P = 3, 5  # example sizes >= 2 on every dynamic axis
-    args = (torch.randn(T, c.n_embd), torch.randn(T, c.n_embd), torch.tensor(P, dtype=torch.int64),
-            *[torch.randn(1, c.n_head_kv, P, c.head_dim) for _ in range(2 * c.n_layer)])
     axes = {"tok_emb": {0: "seq"}, "hidden": {0: "seq"}, "hidden_out": {0: "seq"}}
+    if shared:
+        step = _shared_kv_module(head)
+        ins, outs = shared_kv_io_names(c.n_layer)
+        axes.update({"logits": {0: "seq"}, **{n: {0: f"keys{i // 2}"} for i, n in enumerate(ins[3:])}})
+        args = (torch.randn(T, c.n_embd), torch.randn(T, c.n_embd), torch.tensor(P, dtype=torch.int64),
+                *[torch.randn(P + i // 2, c.n_head_kv, c.head_dim) for i in range(2 * c.n_layer)])
+    else:
+        step = _graph_module(head)
+        ins, outs = io_names(c.n_layer)
+        args = (torch.randn(T, c.n_embd), torch.randn(T, c.n_embd), torch.tensor(P, dtype=torch.int64),
+                *[torch.randn(1, c.n_head_kv, P, c.head_dim) for _ in range(2 * c.n_layer)])
     with tempfile.TemporaryDirectory() as td:
         raw = Path(td) / "raw.onnx"
         trace_to_onnx(step, args, ins, outs, axes, raw)

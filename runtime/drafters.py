@@ -20,7 +20,7 @@ from edgespec.runtime.assets import default_head
 from edgespec.runtime.decoding import Draft, Drafter, Limit
 from edgespec.runtime.formats import (CKPT_WEIGHTS, GGUF_SHARED_KV_ARCH, gguf_architecture, head_arch,
                                       read_checkpoint_config)
-from edgespec.runtime.heads import load_head
+from edgespec.runtime.heads import load_head, onnx_head_arch
 from edgespec.runtime.sampling import SamplingParams, chain
 from edgespec.targets import embedding_rows
 
@@ -311,8 +311,8 @@ class SharedKVDrafter(HeadDrafter):
         x, prev = self.embed[np.asarray(context[-1:])], self._h[qpos - 1:qpos]
         drafts, conf, qs = [], [], []
         for j in range(k):
-            prev = h.forward(h.step_input(x, prev), qpos, keys, values)
-            tok, top, q = self._pick(h.logits(prev[0]), j)
+            prev, lg = h.step(x, prev, qpos, keys, values)
+            tok, top, q = self._pick(lg[0], j)
             if top < p_min and j > 0:
                 break
             drafts.append(tok)
@@ -407,13 +407,15 @@ def make_drafter(draft: str | None, spec):
 
 def reads_kv(draft: str | None) -> bool:
     """Whether the drafter named `draft` reads the target's keys and values (a shared-KV head's
-    checkpoint folder or GGUF file): its engine must be opened with the hidden-state probe."""
+    checkpoint folder, GGUF or ONNX file): its engine must be opened with the hidden-state probe."""
     if not draft:
         return False
     name = draft[len("head:"):] if draft.startswith("head:") else draft
     p = Path(name).expanduser()
     if p.is_file() and p.suffix == ".gguf":
         return gguf_architecture(p) == GGUF_SHARED_KV_ARCH
+    if p.is_file() and p.suffix == ".onnx":
+        return onnx_head_arch(p) == "shared-kv"
     if not p.is_dir() or not (p / CKPT_WEIGHTS).exists():
         return False
     return head_arch(read_checkpoint_config(p).get("head") or {}) == "shared-kv"

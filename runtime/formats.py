@@ -410,7 +410,8 @@ def read_onnx_head_meta(path: str | Path, md: dict[str, str]) -> HeadFile:
     if md.get(ONNX_FORMAT) != ONNX_HEAD_FORMAT:
         raise EdgespecError(f"{path}: not an edgespec head (no edgespec metadata)")
     try:
-        config = HeadConfig.from_dict(json.loads(md[ONNX_HEAD_CONFIG]))
+        raw = json.loads(md[ONNX_HEAD_CONFIG])
+        config = (SharedKVConfig if head_arch(raw) == "shared-kv" else HeadConfig).from_dict(raw)
         ids = np.asarray(json.loads(md[ONNX_DRAFT_VOCAB]), dtype=np.int64)
         return HeadFile(Path(path), config, md.get(ONNX_TARGET), md[ONNX_FINGERPRINT], ids)
     except (KeyError, TypeError, ValueError) as e:

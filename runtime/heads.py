@@ -8,12 +8,14 @@ share one interface:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import EdgespecError, one_line
-from edgespec.runtime.formats import (EAGLE3_ARCH, HeadConfig, HeadFile, SharedKVConfig, cache_names,
+from edgespec.runtime.formats import (EAGLE3_ARCH, ONNX_FORMAT, ONNX_HEAD_CONFIG, ONNX_HEAD_FORMAT,
+                                      HeadConfig, HeadFile, SharedKVConfig, cache_names, head_arch,
                                       gguf_architecture, kept_positions, read_checkpoint_head,
                                       read_eagle3_file, read_head_gguf, read_onnx_head_meta)
 from edgespec.runtime.onnx_session import open_session
@@ -126,6 +128,17 @@ class NumpyHead:
         return out @ self.t["lm_head"]
 
 
+def onnx_head_arch(path: str | Path) -> str | None:
+    """The head architecture a head ONNX file's metadata names (None: not an edgespec head)."""
+    import onnx
+
+    try:
+        md = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+        return head_arch(json.loads(md[ONNX_HEAD_CONFIG])) if md.get(ONNX_FORMAT) == ONNX_HEAD_FORMAT else None
+    except Exception:  # not an ONNX file, or no edgespec metadata: loading it says why
+        return None
+
+
 def onnx_head_file(path: str | Path, sess=None) -> HeadFile:
     """The metadata of a head ONNX file (opens a session unless one is given)."""
     sess = sess or open_session(path, threads=1)
@@ -136,9 +149,9 @@ class OnnxHead:
     """The same head from an ONNX export (`edgespec export onnx`), run by onnxruntime on one
     thread; caches are [1, kv_heads, S, head_dim]."""
 
-    def __init__(self, path: str | Path):
-        self.sess = open_session(path, threads=1)  # llama.cpp's threads need the cores
-        self.file = onnx_head_file(path, self.sess)
+    def __init__(self, path: str | Path, sess=None, file: HeadFile | None = None):
+        self.sess = sess or open_session(path, threads=1)  # llama.cpp's threads need the cores
+        self.file = file or onnx_head_file(path, self.sess)
         self.c = self.file.config
         self.past_names, present = cache_names(self.c.n_layer)
         self.out_names = ["logits", "hidden_out", *present]
@@ -271,27 +284,67 @@ class SharedKVNumpyHead:
             e, hidden = _rms(e, w["emb_norm.weight"], c.rms_eps), _rms(hidden, w["hid_norm.weight"], c.rms_eps)
         return np.concatenate([e, hidden], -1).astype(np.float32) @ self.t["pre_proj.weight"]
 
+    def step(self, tok_emb, hidden, qpos: int, keys: list[np.ndarray], values: list[np.ndarray]):
+        """One draft step of T rows at position qpos over the target's keys and values of
+        positions 0..qpos-1 per head layer [qpos, Hkv, D] -> (outputs [T, E], logits [T, Vd])."""
+        out = self.forward(self.step_input(tok_emb, hidden), qpos, *attended(self.c, qpos, keys, values))
+        return out, out @ self.t["lm_head"]
+
     def forward(self, x: np.ndarray, qpos: int, keys: list[np.ndarray], values: list[np.ndarray]):
-        """x [T, d] at position qpos; keys/values per head layer [qpos, Hkv, D]: the target's
-        for positions 0..qpos-1 (a sliding layer reads its window of them) -> outputs [T, E]."""
+        """x [T, d] at position qpos over the keys and values each layer attends (`attended`)
+        -> outputs [T, E]."""
         c, w, t = self.c, self.w, self.t
-        nh, nkv, hd = c.n_head, c.n_head_kv, c.head_dim
+        nh, hd = c.n_head, c.head_dim
         pos = np.full(len(x), qpos)
         for i in range(c.n_layer):
             p = f"blocks.{i}."
             sliding = c.layer_types[i] == "sliding"
             K, V = keys[i], values[i]
-            if sliding:  # keys at positions > qpos - window
-                K, V = K[max(0, qpos - c.sliding_window + 1):], V[max(0, qpos - c.sliding_window + 1):]
             h = _rms(x, w[p + "input_norm.weight"], c.rms_eps)
             q = _rms((h @ t[p + "q.weight"]).reshape(-1, nh, hd), w[p + "q_norm.weight"], c.rms_eps)
             q = _rope(q, pos, c.rope_base_local if sliding else c.rope_base_global)
             x = _block_out(x, _attend(q, K, V, c.scale), w, t, p, c.rms_eps)
         return _rms(x, w["out_norm.weight"], c.rms_eps) @ t["post_proj.weight"]
 
-    def logits(self, out: np.ndarray) -> np.ndarray:
-        """Draft-vocabulary logits of an output (the target's embedding rows, frozen)."""
-        return out @ self.t["lm_head"]
+
+
+def attended(c: SharedKVConfig, qpos: int, keys: list, values: list) -> tuple[list, list]:
+    """The target's keys and values each shared-KV head layer attends from position qpos: all of
+    positions 0..qpos-1, a sliding layer only those > qpos - window."""
+    lo = [max(0, qpos - c.sliding_window + 1) if t == "sliding" else 0 for t in c.layer_types]
+    return [k[a:qpos] for k, a in zip(keys, lo)], [v[a:qpos] for v, a in zip(values, lo)]
+
+
+class OnnxSharedKVHead:
+    """The shared-KV head from its ONNX export (`edgespec export onnx`), run by onnxruntime on
+    one thread: the same `step` as SharedKVNumpyHead."""
+
+    def __init__(self, path: str | Path, sess, file: HeadFile):
+        self.sess, self.file, self.c, self.path = sess, file, file.config, Path(path)
+        self.in_names = ["tok_emb", "hidden", "position",
+                         *[f"kv.{i}.{kind}" for i in range(self.c.n_layer) for kind in ("key", "value")]]
+        ins = {i.name for i in sess.get_inputs()}
+        outs = {o.name for o in sess.get_outputs()}
+        if ins != set(self.in_names) or not {"logits", "hidden_out"} <= outs:
+            raise EdgespecError(f"{self.path}: the graph's inputs and outputs do not match its "
+                                "edgespec metadata; export the head again")
+
+    def step(self, tok_emb, hidden, qpos: int, keys: list[np.ndarray], values: list[np.ndarray]):
+        ks, vs = attended(self.c, qpos, keys, values)
+        feed = {"tok_emb": np.ascontiguousarray(tok_emb, dtype=np.float32),
+                "hidden": np.ascontiguousarray(hidden, dtype=np.float32),
+                "position": np.array(qpos, dtype=np.int64)}
+        for i in range(self.c.n_layer):
+            feed[self.in_names[3 + 2 * i]] = np.ascontiguousarray(ks[i], dtype=np.float32)
+            feed[self.in_names[4 + 2 * i]] = np.ascontiguousarray(vs[i], dtype=np.float32)
+        try:
+            logits, out = self.sess.run(["logits", "hidden_out"], feed)
+        except Exception as e:  # a graph that loads but cannot run (a damaged or foreign file)
+            raise EdgespecError(f"{self.path}: onnxruntime could not run the head ({one_line(e)})") from None
+        if logits.shape != (len(tok_emb), self.c.n_draft_vocab) or out.shape != (len(tok_emb), self.c.n_embd):
+            raise EdgespecError(f"{self.path}: the head returned outputs of shapes {logits.shape} "
+                                f"and {out.shape}, not what its metadata says")
+        return out, logits
 
 
 def load_head(path: str | Path) -> tuple[NumpyHead | OnnxHead | SharedKVNumpyHead, HeadFile]:
@@ -301,7 +354,11 @@ def load_head(path: str | Path) -> tuple[NumpyHead | OnnxHead | SharedKVNumpyHea
     if not path.exists():
         raise EdgespecError(f"{path}: no such head file or folder")
     if path.suffix == ".onnx":
-        head = OnnxHead(path)
+        sess = open_session(path, threads=1)  # llama.cpp's threads need the cores
+        info = onnx_head_file(path, sess)
+        if isinstance(info.config, SharedKVConfig):
+            return OnnxSharedKVHead(path, sess, info), info
+        head = OnnxHead(path, sess, info)
         return head, head.file
     if path.suffix == ".gguf" and gguf_architecture(path) == EAGLE3_ARCH:
         info = read_eagle3_file(path)

@@ -244,10 +244,9 @@ def test_numpy_head_steps_equal_the_torch_head():
             for j in range(3):
                 h = head.forward_steps(head.step_input(emb[:, t + j:t + j + 1], h),
                                        torch.tensor([[qpos]]), pairs, masks)
-                x = nh.forward(nh.step_input(emb[0, t + j:t + j + 1].numpy(), x), qpos,
-                               [k[:qpos] for k in keys], [v[:qpos] for v in values])
+                x, lg = nh.step(emb[0, t + j:t + j + 1].numpy(), x, qpos, keys, values)
                 assert np.allclose(x, h[0].numpy(), atol=1e-4), (norms, t, j)
-            assert np.allclose(nh.logits(x[0]), head.logits(h)[0, 0].numpy(), atol=1e-3)
+                assert np.allclose(lg[0], head.logits(h)[0, 0].numpy(), atol=1e-3)
 
 
 def _gemma_kv_checkpoint(folder, spec, seed=0):
@@ -367,28 +366,35 @@ def test_shared_kv_head_runs_from_the_command_line_and_refuses_clearly(tmp_path,
     assert g.stats.drafted > 0 and g.token_ids == r.token_ids
 
 
-def test_shared_kv_head_exports_to_gguf_and_checks_against_the_trained_head(tiny_kv):
-    """`export gguf` of a shared-KV checkpoint: its own architecture name, read back by the
-    runtime as a shared-KV head (and named so by `reads_kv`), its steps checked against the
-    torch head on held-out features with keys and values; q4_0 keeps pre_proj and the LM head
-    at q8_0; an EAGLE-3-only export refuses it."""
+def test_shared_kv_head_exports_to_gguf_and_onnx_and_checks_against_the_trained_head(tiny_kv):
+    """`export gguf` and `export onnx` of a shared-KV checkpoint: the GGUF under its own
+    architecture name, both read back by the runtime as shared-KV heads (and named so by
+    `reads_kv`), their steps checked against the torch head on held-out features with keys and
+    values; q4_0 keeps pre_proj and the LM head at q8_0."""
     from edgespec.exporters.check import check_head_export
     from edgespec.exporters.gguf_head import write_head_gguf
     from edgespec.runtime.drafters import reads_kv
     from edgespec.runtime.formats import GGUF_SHARED_KV_ARCH, gguf_architecture, read_head_gguf
-    from edgespec.runtime.heads import SharedKVNumpyHead, load_head
+    from edgespec.exporters.onnx_head import write_head_onnx
+    from edgespec.runtime.heads import OnnxSharedKVHead, SharedKVNumpyHead, load_head
     from edgespec.training.train import train
 
     path, spec, feats, tmp = tiny_kv
     train(str(path), feats, tmp / "skv", small_cfg(arch="shared-kv", steps=20, save_every=20),
           head_overrides={"n_ff": 32, "d_model": 32}, log=lambda m: None)
-    for quant, tol in (("f16", 0.05), ("q8_0", 0.2)):
-        out = tmp / f"skv-{quant}.gguf"
-        r = write_head_gguf(tmp / "skv", out, quant=quant)
-        assert r["bytes"] == out.stat().st_size > 0
-        assert gguf_architecture(out) == GGUF_SHARED_KV_ARCH and reads_kv(str(out))
+    for quant, tol in (("f16", 0.05), ("q8_0", 0.2), ("onnx-fp32", 1e-3), ("onnx-int8", 0.3)):
+        if quant.startswith("onnx"):
+            out = tmp / f"skv-{quant}.onnx"
+            r = write_head_onnx(tmp / "skv", out, quant=quant.split("-")[1])
+            kind = OnnxSharedKVHead
+        else:
+            out = tmp / f"skv-{quant}.gguf"
+            r = write_head_gguf(tmp / "skv", out, quant=quant)
+            assert gguf_architecture(out) == GGUF_SHARED_KV_ARCH
+            kind = SharedKVNumpyHead
+        assert r["bytes"] == out.stat().st_size > 0 and reads_kv(str(out))
         nh, info = load_head(out)
-        assert isinstance(nh, SharedKVNumpyHead) and info.config.kv_layers == [4, 5]
+        assert isinstance(nh, kind) and info.config.kv_layers == [4, 5]
         chk = check_head_export(tmp / "skv", out, feats, max_samples=4, every=4)
         assert chk["compared"] > 0 and chk["max_logit_error"] < tol, chk
         assert chk["top1_agreement"] >= 0.9, chk

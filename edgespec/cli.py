@@ -179,7 +179,7 @@ def _cmd_train(args) -> int:
                                online=args.online, cache_mb=args.online_cache_mb, layers=layers,
                                kv_layers=kv)
     meta = train(args.target, features, args.out, cfg, resume=args.resume,
-                 head_overrides=overrides, log=lambda m: print(m, file=sys.stderr))
+                 head_overrides=overrides, log=lambda m: print(m, file=sys.stderr), carry=args.carry)
     if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 reports
         return 0
     print(json.dumps({"out": args.out, "steps": meta["train"]["steps_done"],
@@ -231,6 +231,10 @@ def _args_train(s) -> None:
     s.add_argument("--save-every", type=_positive_int, default=250,
                    help="steps between checkpoints (a killed run resumes from the last one)")
     s.add_argument("--resume", action="store_true")
+    s.add_argument("--carry", default=None, metavar="DIR",
+                   help="also keep the run's resumable state here with each checkpoint, in files "
+                        "small enough to commit (fp16/bf16, < 20 MB each); with --resume a fresh "
+                        "machine continues from it (same features and flags)")
     s.add_argument("--init-from", default=None, metavar="CKPT",
                    help="start from this checkpoint's weights and draft vocabulary (continued "
                         "training: new optimizer state and schedule over --steps)")

@@ -29,6 +29,8 @@ from edgespec.runtime.formats import (CKPT_CONFIG, CKPT_META_CONFIG, CKPT_STATE,
                                        Eagle3Config, HeadConfig, SharedKVConfig, head_arch,
                                        read_checkpoint_config)
 from edgespec.targets import KNOWN_TARGETS, TargetSpec, embedding_rows, load_target_spec
+from edgespec.training.carry import has_carry, load_carry, save_carry
+from edgespec.training.carry import recipe as carry_recipe
 from edgespec.training.distributed import World, lost_peer
 from edgespec.training.features import Features, final_state_only, open_features
 from edgespec.training.eagle3 import Eagle3Head
@@ -307,6 +309,23 @@ def load_checkpoint(folder: str | Path) -> tuple[MTPHead | Eagle3Head, dict]:
     return head, meta
 
 
+def _restore_carry(carry, rec: dict, out: Path, state_path: Path, embed, log) -> None:
+    """Where the carried state is newer than `out`'s own (or `out` has none), write it to `out`
+    as a checkpoint and train_state.pt (the frozen LM head from the target's rows again)."""
+    st, meta = load_carry(carry, rec)
+    if state_path.exists():
+        mine = torch.load(state_path, weights_only=False, map_location="cpu")["step"]
+        if mine >= st["step"]:
+            return
+    head = make_head(meta["head"])
+    st["head"]["lm_head"] = torch.from_numpy(np.asarray(embed[meta["draft_vocab"]["ids"]], np.float32))
+    head.load_state_dict(st["head"])
+    out.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out, head, meta)
+    atomic_write(state_path, lambda tmp: torch.save(st, tmp))
+    log(f"resuming from the state carried in {carry} (step {st['step']})")
+
+
 def _check_writable(out: Path) -> None:
     """Fail before training, not after it, when the checkpoint folder cannot be written."""
     import tempfile
@@ -460,21 +479,24 @@ def _warm_start(cfg: TrainConfig, spec, head_overrides):
 
 def train(target, features: str | Path, out: str | Path, cfg: TrainConfig | None = None,
           resume: bool = False, head_overrides: dict | None = None, log=print,
-          world: World | None = None) -> dict:
+          world: World | None = None, carry: str | Path | None = None) -> dict:
     """Train (or resume) a head. Under torchrun each rank runs this (see `distributed`): the
-    ranks split every global batch, rank 0 writes the checkpoints and shows progress."""
+    ranks split every global batch, rank 0 writes the checkpoints and shows progress.
+    carry: a folder that also gets the run's resumable state, small enough to commit, with each
+    checkpoint (training/carry.py); with `resume`, a state there newer than `out`'s is where
+    the run continues."""
     own_world = world is None
     world = World.from_env() if own_world else world
     try:
         return _train(target, features, out, cfg or TrainConfig(), resume, head_overrides,
-                      log if world.main else (lambda m: None), world)
+                      log if world.main else (lambda m: None), world, carry)
     finally:
         if own_world:
             world.close()
 
 
 def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides, log,
-           world: World) -> dict:
+           world: World, carry=None) -> dict:
     if cfg.batch % world.size:
         raise EdgespecError(f"--batch {cfg.batch} does not split over {world.size} ranks: "
                             "give a multiple of the number of ranks")
@@ -500,6 +522,13 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
         _check_writable(out)
     state_path = out / CKPT_STATE
     embed = embedding_rows(spec)
+    rec = carry_recipe(feats, cfg) if carry else None
+    if carry and has_carry(carry) and not resume:
+        raise EdgespecError(f"{carry} already carries a run: pass --resume to continue it, or "
+                            "another --carry")
+    if resume and has_carry(carry) and world.main:
+        _restore_carry(carry, rec, out, state_path, embed, log)
+    world.barrier()
     if resume and state_path.exists():
         head, meta = load_checkpoint(out)
         if meta["target_fingerprint"] != spec.tokenizer_fingerprint:
@@ -608,6 +637,9 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
                   "seconds": meta["train"]["seconds"], "head": head.state_dict(),
                   "torch_rng": torch.get_rng_state()}
             atomic_write(state_path, lambda tmp: torch.save(st, tmp))
+            if carry:
+                save_carry(carry, st, {**meta, "head": head.c.to_dict(), "draft_vocab": {
+                    **meta["draft_vocab"], "ids": [int(x) for x in vocab["ids"]]}}, rec)
     bar.close()
     head.eval()
     return meta

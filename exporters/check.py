@@ -121,6 +121,8 @@ def _check_shared_kv(head, meta, nh, exported, feats, n_steps: int, max_samples:
                 errs.append(float(np.abs(lg - ref_logits[j][t]).max()))
                 agree += int(lg.argmax() == ref_logits[j][t].argmax())
                 total += 1
+    if not total:
+        raise EdgespecError(f"the held-out samples are too short for {n_steps}-step chains")
     return {"exported": str(exported), "runtime": "onnxruntime" if Path(exported).suffix == ".onnx"
             else "numpy", "bytes": Path(exported).stat().st_size, "max_logit_error": round(max(errs), 5), "top1_agreement": round(agree / total, 4),
             "compared": total, "ms_per_draft_step": round(1000 * step_s / max(steps, 1), 3)}

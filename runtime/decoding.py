@@ -148,9 +148,13 @@ class Drafter:
         kept from the last one (a continuous drafter keeps its rows for them)."""
         self.reset()
 
-    def kv_held(self) -> int:
-        """Context positions, from 0, whose rows a continuous drafter holds."""
+    def kv_held(self, tokens: list[int]) -> int:
+        """Positions, from 0, of these cache tokens whose rows a continuous drafter holds (rows
+        of other tokens at a position, written by another generation, do not count)."""
         return 0
+
+    def note(self, tokens: list[int]) -> None:
+        """The cache holds these tokens, the rows handed over so far among them."""
 
     def keep(self, hidden: np.ndarray | None) -> None:
         """Rows for later (hidden states of final positions, in order): a head reads them when
@@ -280,9 +284,10 @@ class Generation:
             if not st.finish_reason:
                 st.finish_reason = "stopped"
             self.policy.finish()
-            if self.drafter is not None and self.drafter.continuous:
+            if self.drafter is not None and self.drafter.continuous and _OWNER.get(self.target) is self:
                 # the last pass's rows: a next call that keeps this cache keeps them too
                 self.drafter.keep(self.hidden.take())
+                self.drafter.note(self.target.tokens)
 
     def speculative_step(self, k: int) -> Verdict:
         """Draft up to k tokens after `pending`, check [pending] + drafts in one target pass,
@@ -346,7 +351,7 @@ class Generation:
         keep = common_prefix(t.tokens, self.prompt[:n_plain]) if self.reuse_prefix else 0
         keep = min(keep, len(self.prompt) - 1)  # at least one token decoded: its logits
         if whole:  # what the cache keeps, the head must hold the rows of
-            keep = min(keep, d.kv_held())
+            keep = min(keep, d.kv_held(t.tokens))
             d.resume(keep)
             n_plain, n_h = keep, len(self.prompt) - 1 - keep
         elif d:

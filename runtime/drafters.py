@@ -242,26 +242,37 @@ class SharedKVDrafter(HeadDrafter):
 
     def __init__(self, path: str | Path, target_spec, source: str = "head"):
         super().__init__(path, target_spec, source)
-        c = self.head.c
+        c, t = self.head.c, target_spec
         self.kv_layers = tuple(int(i) for i in c.kv_layers)
-        bad = [i for i in self.kv_layers if not 0 <= i < target_spec.n_layer]
-        if bad or c.n_head_kv * c.head_dim != target_spec.n_head_kv * target_spec.head_dim:
-            raise EdgespecError(f"head {path} attends keys and values of layers "
-                                f"{list(self.kv_layers)} ({c.n_head_kv} x {c.head_dim} wide), which "
-                                f"{target_spec.name} does not have")
+        if (c.n_embd != t.n_embd or any(not 0 <= i < t.n_layer for i in self.kv_layers)
+                or [t.layer_types[i] for i in self.kv_layers] != list(c.layer_types)
+                or ("sliding" in c.layer_types and c.sliding_window != t.sliding_window)
+                or (c.n_head_kv, c.head_dim) != (t.n_head_kv, t.head_dim)):
+            raise EdgespecError(f"head {path} attends keys and values of {c.layer_types} layers "
+                                f"{list(self.kv_layers)} ({c.n_head_kv} x {c.head_dim} wide, hidden "
+                                f"width {c.n_embd}), which {t.name} does not have: it is a head for "
+                                "another target")
         self.n = 0  # context positions whose rows it holds (0..n-1)
+        self._ids: list[int] = []  # the tokens at those positions, as last known
         self._h = np.empty((0, c.n_embd), np.float32)
         self._k = [np.empty((0, c.n_head_kv, c.head_dim), np.float32) for _ in self.kv_layers]
         self._v = [x.copy() for x in self._k]
 
-    def kv_held(self) -> int:
-        return self.n
+    def kv_held(self, tokens: list[int]) -> int:
+        ids = self._ids
+        n = min(self.n, len(ids), len(tokens))
+        diff = np.flatnonzero(np.asarray(ids[:n]) != np.asarray(tokens[:n]))
+        return int(diff[0]) if len(diff) else n
+
+    def note(self, tokens: list[int]) -> None:
+        self._ids = list(tokens[:self.n])
 
     def reset(self) -> None:
-        self.n = 0
+        self.n, self._ids = 0, []
 
     def resume(self, keep: int) -> None:
         self.n = min(self.n, keep)
+        self._ids = self._ids[:self.n]
 
     def drop_hidden(self) -> None:
         self.n = 0  # rows went missing: the next prompt starts it over
@@ -303,6 +314,8 @@ class SharedKVDrafter(HeadDrafter):
         if limit:
             k = min(k, limit(self.source))
         qpos = len(context) - 1  # the pending token's position; the cache holds 0..qpos-1
+        if self.n == qpos:
+            self._ids.extend(context[len(self._ids):qpos])
         if k <= 0 or self.n != qpos or qpos < 1:
             return Draft([], source=self.source)
         h, t0 = self.head, time.perf_counter()
@@ -361,8 +374,11 @@ class MixedDrafter(Drafter):
             self.single.reset()
         self.head.resume(keep)
 
-    def kv_held(self) -> int:
-        return self.head.kv_held()
+    def kv_held(self, tokens: list[int]) -> int:
+        return self.head.kv_held(tokens)
+
+    def note(self, tokens: list[int]) -> None:
+        self.head.note(tokens)
 
     def keep(self, hidden: np.ndarray | None) -> None:
         self.head.keep(hidden)

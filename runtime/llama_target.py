@@ -711,7 +711,8 @@ class LlamaTarget(LlamaVocab, Engine):
         logits = self._rows(lc.llama_get_logits(self._ctx), n_out, self.n_vocab, copy)
         hid = self._rows(lc.llama_get_embeddings(self._ctx), n, self.n_embd, copy) if hidden else None
         if hid is not None and (layers or kv):
-            hid = np.concatenate([hid, *self._layer_rows(n, True), *([kv_rows] if kv else [])], axis=1)
+            hid = np.concatenate([hid, *(self._layer_rows(n, True) if layers else []),
+                                  *([kv_rows] if kv else [])], axis=1)
         return logits, hid
 
     @staticmethod

@@ -108,3 +108,22 @@ def test_carry_from_the_command_line(tiny, tmp_path):
     r = edgespec(*args, "--out", str(tmp / "b"), "--lr", "0.01", "--resume")
     assert r.returncode == 2 and "another recipe" in r.stderr and "Traceback" not in r.stderr
     assert np.isfinite(json.loads((tmp / "carry" / "carry.json").read_text())["state"]["history"][-1]["loss"])
+
+
+def test_carry_reads_damaged_files_cleanly_and_takes_fields_it_did_not_know(tiny):
+    from edgespec.training.train import train
+
+    path, spec, feats, tmp = tiny
+    cfg = lambda: small_cfg(steps=20, save_every=10)  # noqa: E731
+    train(str(path), feats, tmp / "a", cfg(), head_overrides=HEAD, log=lambda m: None, carry=tmp / "carry")
+    doc = json.loads((tmp / "carry" / "carry.json").read_text())
+    del doc["recipe"]["train"]["topk"]  # written by a version without this field (its default)
+    (tmp / "carry" / "carry.json").write_text(json.dumps(doc))
+    more = train(str(path), feats, tmp / "fresh", small_cfg(steps=20, save_every=10), resume=True,
+                 head_overrides=HEAD, log=lambda m: None, carry=tmp / "carry")
+    assert more["train"]["steps_done"] == 20
+    part = tmp / "carry" / json.loads((tmp / "carry" / "carry.json").read_text())["files"][0]
+    part.write_text("version https://git-lfs.github.com/spec/v1\n")  # a pointer, not the file
+    with pytest.raises(EdgespecError, match="unreadable carry state"):
+        train(str(path), feats, tmp / "other", cfg(), resume=True, head_overrides=HEAD,
+              log=lambda m: None, carry=tmp / "carry")

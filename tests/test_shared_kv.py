@@ -306,7 +306,7 @@ def test_shared_kv_drafter_holds_the_keys_the_cache_holds(tmp_path, monkeypatch,
         assert st.accepted > 0 and st.drafted > st.accepted  # some kept, some rolled back
         context = list(prompt) + gen.token_ids
         head = drafter.head
-        assert head.kv_held() == len(context) - 1
+        assert head.kv_held(context) == len(context) - 1
         # a next call that extends this text (a chat's next turn) keeps the cache and the
         # head's rows for the common prefix, and decodes only the rest
         more = context + eng.tokenize(" And vegetables:", add_bos=False)
@@ -314,7 +314,7 @@ def test_shared_kv_drafter_holds_the_keys_the_cache_holds(tmp_path, monkeypatch,
         list(gen)
         assert gen.stats.prompt_reused == len(context) - 1
         context = more + gen.token_ids
-        assert head.kv_held() == len(context) - 1
+        assert head.kv_held(context) == len(context) - 1
         eng.reset()
         eng.set_kv_layers(())
         fresh = eng.hidden_states(context[:-1], kv_layers=(16, 17))
@@ -408,3 +408,29 @@ def test_shared_kv_head_exports_to_gguf_and_onnx_and_checks_against_the_trained_
     plain = write_features(tmp / "plain-check", spec)
     with pytest.raises(EdgespecError, match="extract with --kv"):
         check_head_export(tmp / "skv", tmp / "skv-f16.gguf", plain)
+
+
+def test_shared_kv_drafter_refuses_another_targets_head_and_ties_rows_to_tokens(tiny_kv):
+    """A head trained for one target is refused on a target with the same vocabulary but another
+    shape (one line, no traceback at the first draft); the rows it holds count for a new call
+    only as far as their tokens are the cache's (another generation may have rewritten it)."""
+    from edgespec.runtime.drafters import SharedKVDrafter
+    from edgespec.training.train import train
+
+    path, spec, feats, tmp = tiny_kv
+    train(str(path), feats, tmp / "skv", small_cfg(arch="shared-kv", steps=4, warmup=2, save_every=4),
+          head_overrides={"n_ff": 32, "d_model": 24}, log=lambda m: None)
+    wide = load_target_spec(write_tiny_gguf(tmp / "wide.gguf", n_layer=6, vocab=VOCAB, n_embd=32))
+    assert wide.tokenizer_fingerprint == spec.tokenizer_fingerprint
+    with pytest.raises(EdgespecError, match="a head for another target"):
+        SharedKVDrafter(tmp / "skv", wide)
+    d = SharedKVDrafter(tmp / "skv", spec)
+    rows = np.random.default_rng(0).normal(size=(6, spec.n_embd + 2 * 2 * 8)).astype(np.float32)
+    d.keep(rows)
+    d.note([5, 6, 7, 8, 9, 10])
+    assert d.kv_held([5, 6, 7, 8, 9, 10, 11]) == 6
+    assert d.kv_held([5, 6, 7, 1, 9, 10]) == 3  # position 3 holds another token now
+    d.resume(3)
+    assert d.kv_held([5, 6, 7, 8]) == 3 and d.n == 3
+    with pytest.raises(RuntimeError, match="reads no keys"):
+        d.keep(rows[:, :spec.n_embd])

@@ -64,11 +64,11 @@ def _tensors(state: dict) -> tuple[dict, dict[str, torch.Tensor]]:
         for pid, entries in sd["state"].items():
             kept = {}
             for name, v in entries.items():
-                if torch.is_tensor(v) and v.numel() > 1:
+                if name == "step" or not torch.is_tensor(v):  # AdamW's step count: a scalar
+                    kept[name] = float(v) if torch.is_tensor(v) else v
+                else:
                     out[f"opt{i}/{pid}/{name}"] = v.detach().to(torch.bfloat16).contiguous()
                     kept[name] = "tensor"
-                else:
-                    kept[name] = float(v) if torch.is_tensor(v) else v
             per[str(pid)] = kept
         opts.append({"state": per, "param_groups": sd["param_groups"]})
     out["rng"] = state["torch_rng"].clone()
@@ -99,41 +99,37 @@ def save_carry(folder: str | Path, state: dict, meta: dict, rec: dict) -> None:
         name = f"state-{state['step']:07d}-{j:02d}.safetensors"
         atomic_write(folder / name, lambda tmp, p=part: save_file(p, tmp))
         names.append(name)
-    old = _files(folder)
     doc = {"format": "edgespec-carry", "version": 1, "files": names, "recipe": rec,
            "checkpoint": meta, "state": skeleton}
     atomic_write_text(folder / CARRY_FILE, json.dumps(doc, indent=1, default=str) + "\n")
-    for name in old:
-        if name not in names:
-            (folder / name).unlink(missing_ok=True)
-
-
-def _files(folder: Path) -> list[str]:
-    try:
-        return json.loads((folder / CARRY_FILE).read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
+    for p in folder.glob("state-*.safetensors"):  # older steps, and parts of a killed save
+        if p.name not in names:
+            p.unlink(missing_ok=True)
 
 
 def has_carry(folder: str | Path | None) -> bool:
     return bool(folder) and (Path(folder) / CARRY_FILE).is_file()
 
 
-def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
-    keys = sorted(set(a) | set(b))
+def _differences(a: dict, b: dict, prefix: str = "", defaults: dict | None = None) -> list[str]:
+    """Where two recipes differ; a training field one side lacks (an edgespec version that did
+    not know it) counts as its default."""
     out = []
-    for k in keys:
-        x, y = a.get(k), b.get(k)
+    for k in sorted(set(a) | set(b)):
+        d = (defaults or {}).get(k) if prefix == "train." else None
+        x, y = a.get(k, d), b.get(k, d)
         if isinstance(x, dict) and isinstance(y, dict):
-            out += _differences(x, y, f"{prefix}{k}.")
+            out += _differences(x, y, f"{prefix}{k}.", defaults)
         elif x != y:
             out.append(f"{prefix}{k} {x!r} (carried) vs {y!r}")
     return out
 
 
-def load_carry(folder: str | Path, rec: dict) -> tuple[dict, dict]:
+def load_carry(folder: str | Path, rec: dict, defaults: dict | None = None) -> tuple[dict, dict]:
     """(train_state.pt's content, the checkpoint's meta) from a carried state, with float32
-    tensors; refuses one made for another recipe than `rec` (this run's features and flags)."""
+    tensors; refuses one made for another recipe than `rec` (this run's features and flags;
+    `defaults`: the training config's defaults, for fields one side lacks)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -141,26 +137,29 @@ def load_carry(folder: str | Path, rec: dict) -> tuple[dict, dict]:
         doc = json.loads((folder / CARRY_FILE).read_text())
         if doc.get("format") != "edgespec-carry":
             raise ValueError("not an edgespec carry state")
+        skeleton, meta, carried = doc["state"], doc["checkpoint"], doc["recipe"]
+        diff = _differences(carried, rec, defaults=defaults)
+        if diff:
+            raise EdgespecError(f"{folder} carries a run of another recipe: {'; '.join(diff[:3])}"
+                                + (f" (+{len(diff) - 3} more)" if len(diff) > 3 else "")
+                                + "; re-make the same features and pass the same flags")
         tensors = {}
         for name in doc["files"]:
             tensors.update(load_file(str(folder / name)))
-        skeleton, meta, carried = doc["state"], doc["checkpoint"], doc["recipe"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        head = {k: tensors[f"head/{k}"].float() for k in skeleton["head"]}
+        opts = []
+        for i, sd in enumerate(skeleton["optimizers"]):
+            state = {}
+            for pid, entries in sd["state"].items():
+                state[int(pid)] = {name: (tensors[f"opt{i}/{pid}/{name}"].float() if v == "tensor"
+                                          else torch.tensor(v) if name == "step" else v)
+                                   for name, v in entries.items()}
+            opts.append({"state": state, "param_groups": sd["param_groups"]})
+        rng = tensors["rng"]
+    except EdgespecError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, SafetensorError) as e:
         raise EdgespecError(f"{folder}: unreadable carry state ({one_line(e)})") from None
-    diff = _differences(carried, rec)
-    if diff:
-        raise EdgespecError(f"{folder} carries a run of another recipe: {'; '.join(diff[:3])}"
-                            + (f" (+{len(diff) - 3} more)" if len(diff) > 3 else "")
-                            + "; re-make the same features and pass the same flags")
-    head = {k: tensors[f"head/{k}"].float() for k in skeleton["head"]}
-    opts = []
-    for i, sd in enumerate(skeleton["optimizers"]):
-        state = {}
-        for pid, entries in sd["state"].items():
-            state[int(pid)] = {name: (tensors[f"opt{i}/{pid}/{name}"].float() if v == "tensor"
-                                      else torch.tensor(v) if name == "step" else v)
-                               for name, v in entries.items()}
-        opts.append({"state": state, "param_groups": sd["param_groups"]})
     return ({"step": skeleton["step"], "config": skeleton["config"], "base_lrs": skeleton["base_lrs"],
              "optimizers": opts, "history": skeleton["history"], "seconds": skeleton["seconds"],
-             "head": head, "torch_rng": tensors["rng"]}, meta)
+             "head": head, "torch_rng": rng}, meta)

@@ -309,10 +309,11 @@ def load_checkpoint(folder: str | Path) -> tuple[MTPHead | Eagle3Head, dict]:
     return head, meta
 
 
-def _restore_carry(carry, rec: dict, out: Path, state_path: Path, embed, log) -> None:
-    """Where the carried state is newer than `out`'s own (or `out` has none), write it to `out`
-    as a checkpoint and train_state.pt (the frozen LM head from the target's rows again)."""
-    st, meta = load_carry(carry, rec)
+def _restore_carry(carried, carry, out: Path, state_path: Path, embed, log) -> None:
+    """Where the carried state (`load_carry`) is newer than `out`'s own (or `out` has none),
+    write it to `out` as a checkpoint and train_state.pt (the frozen LM head from the target's
+    rows again)."""
+    st, meta = carried
     if state_path.exists():
         mine = torch.load(state_path, weights_only=False, map_location="cpu")["step"]
         if mine >= st["step"]:
@@ -526,8 +527,10 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
     if carry and has_carry(carry) and not resume:
         raise EdgespecError(f"{carry} already carries a run: pass --resume to continue it, or "
                             "another --carry")
-    if resume and has_carry(carry) and world.main:
-        _restore_carry(carry, rec, out, state_path, embed, log)
+    if resume and has_carry(carry):  # every rank checks it (a refusal stops them all)
+        carried = load_carry(carry, rec, asdict(TrainConfig()))
+        if world.main:
+            _restore_carry(carried, carry, out, state_path, embed, log)
     world.barrier()
     if resume and state_path.exists():
         head, meta = load_checkpoint(out)
@@ -535,6 +538,8 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
             raise EdgespecError(f"{out} is a head for another target")
         state = torch.load(state_path, weights_only=False, map_location="cpu")
         start, cfg = state["step"], TrainConfig.from_dict(state["config"])
+        if carry:  # what is carried from now on: the run as it goes on
+            rec = carry_recipe(feats, cfg)
         if "head" in state:  # the state file is whole on its own: its weights go with its step
             head.load_state_dict(state["head"])
         vocab = {"ids": meta["draft_vocab"]["ids"], "coverage": meta["draft_vocab"]["coverage"]}

@@ -405,7 +405,7 @@ def _bench_workload(args, prompts: list[dict]) -> int:
         prompts = [p for ps in by_kind.values() for p in ps[:args.limit]]
     draft = (args.draft or ["default"])[0]
     report = bench_workload(args.workload, prompts, max_tokens=args.max_new_tokens,
-                            threads=args.threads, draft=draft)
+                            threads=args.threads, draft=draft, copy_quant=args.copy_quant.upper())
     print(format_workload(report))
     if args.json:
         b.write_report(report, args.json)
@@ -417,10 +417,15 @@ def _args_bench(s) -> None:
     from edgespec.runtime.spec import add_spec_args
 
     s.add_argument("--target", default=None, help="the target (not needed with --workload)")
-    s.add_argument("--workload", default=None, choices=["defaults"],
+    s.add_argument("--copy-quant", default="Q4_0",
+                   help="--workload verify-friendly: the type the drop-in's copy of the file is "
+                        "re-quantized to (Q4_0, Q5_0, Q8_0, IQ4_NL; default Q4_0)")
+    s.add_argument("--workload", default=None, choices=["defaults", "verify-friendly"],
                    help="instead of methods: the drop-in against llama_cpp.Llama, each row one "
                         "app call with llama-cpp-python's defaults (Gemma completions at T=0 and "
-                        "at the defaults, SmolLM2 chat at the defaults and at T=0.8)")
+                        "at the defaults, SmolLM2 chat at the defaults and at T=0.8); "
+                        "verify-friendly: the SmolLM2 rows with the drop-in on a --copy-quant copy "
+                        "of the file (llama_cpp.Llama on the file, and on the copy)")
     add_spec_args(s, many_drafts=True)
     s.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: shipped set)")
     s.add_argument("--max-new-tokens", type=_positive_int, default=128)

@@ -142,10 +142,10 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         from edgespec.measure.peers import find_tool
 
         find_tool("llama-server")  # before anything runs
-    from edgespec.runtime.drafters import reads_kv
+    from edgespec.runtime.drafters import reads_hidden
 
-    kv_draft = next((m.draft_name for m in methods if m.kind != "target" and reads_kv(m.draft_name)), None)
-    engine = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head=lm_head, draft=kv_draft)
+    head = next((m.draft_name for m in methods if m.kind == "edgespec" and reads_hidden(m.draft_name)), None)
+    engine = open_target(target, n_ctx=n_ctx, n_threads=threads, lm_head=lm_head, draft=head)
     if peers and engine.engine != "llama.cpp":
         raise EdgespecError("--peers llama-server needs a GGUF target (this one runs on onnxruntime)")
     for m in methods:

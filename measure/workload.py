@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from edgespec.errors import EdgespecError
 from edgespec.io import progress
@@ -26,6 +27,17 @@ class Workload:
     call: str  # "completion" | "chat"
     args: dict = field(default_factory=dict)  # what the app passes besides the prompt
     kinds: tuple[str, ...] = ("code", "prose")  # the bench prompts it runs on
+    # the drop-in runs a verify-friendly copy of the file re-quantized to this type (`edgespec
+    # export target --quant`); llama_cpp.Llama runs the user's own file, and the copy too
+    copy_quant: str | None = None
+
+
+def copy_workloads(quant: str) -> list[Workload]:
+    """The SmolLM2 chat rows of `defaults` with the drop-in on a `quant` copy of the file."""
+    return [Workload(f"smollm2-135m chat, library defaults, {quant} copy", "smollm2-135m", "chat",
+                     kinds=("chat",), copy_quant=quant),
+            Workload(f"smollm2-135m chat, temperature 0.8, {quant} copy", "smollm2-135m", "chat",
+                     {"temperature": 0.8}, kinds=("chat",), copy_quant=quant)]
 
 
 WORKLOADS = {
@@ -66,7 +78,9 @@ def _ratios(ours: list[dict], ref: list[dict]) -> tuple[float, float]:
 
 
 def run_workload(w: Workload, prompts: list[dict], max_tokens: int, n_ctx: int,
-                 threads: int | None, draft: str) -> dict:
+                 threads: int | None, draft: str, copy: dict | None = None) -> dict:
+    """copy: for a row with `copy_quant`, the export report of the copy (its "out" is the file
+    the drop-in runs; llama_cpp.Llama runs it too, as "llama_cpp.Llama (copy)")."""
     from llama_cpp import Llama
 
     from edgespec.runtime.api import SpeculativeLlama
@@ -78,42 +92,66 @@ def run_workload(w: Workload, prompts: list[dict], max_tokens: int, n_ctx: int,
         raise EdgespecError(f"workload '{w.name}' needs prompts of kind {' or '.join(w.kinds)}")
     path = str(resolve_target(w.target))
     threads = threads or default_threads()
-    ref = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, verbose=False)
-    ours = SpeculativeLlama(model_path=path, n_ctx=n_ctx, n_threads=threads, draft=draft)
+    mine = copy["out"] if copy else path
+    llms = {"llama_cpp.Llama": Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, verbose=False),
+            "edgespec": SpeculativeLlama(model_path=mine, n_ctx=n_ctx, n_threads=threads, draft=draft)}
+    if copy:
+        llms["llama_cpp.Llama (copy)"] = Llama(model_path=mine, n_ctx=n_ctx, n_threads=threads, verbose=False)
     try:
-        for llm in (ref, ours):  # the first call pages the file in
+        for llm in llms.values():  # the first call pages the file in
             _call(llm, w, "Warm-up: the quick brown fox", 8, 0)
-        rows = {"llama_cpp.Llama": [], "edgespec": []}
-        bar = progress(total=2 * len(chosen), desc=w.name[:24], unit="call")
+        rows = {name: [] for name in llms}
+        bar = progress(total=len(llms) * len(chosen), desc=w.name[:24], unit="call")
         for i, p in enumerate(chosen):
-            for name, llm in (("llama_cpp.Llama", ref), ("edgespec", ours)):
+            for name, llm in llms.items():
                 n, sec, text, spec = _call(llm, w, p["prompt"], max_tokens, seed=1000 + i)
                 rows[name].append({"kind": p.get("kind"), "tokens": n, "seconds": round(sec, 6),
                                    "text": text, **({"speculative": spec} if spec else {})})
                 bar.update(1)
         bar.close()
     finally:
-        ours.close()
-        ref.close()
+        for llm in llms.values():
+            llm.close()
     med, tot = _ratios(rows["edgespec"], rows["llama_cpp.Llama"])
     rate = lambda rs: round(sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs), 3)  # noqa: E731
-    return {"name": w.name, "target": w.target, "call": w.call, "args": w.args, "draft": draft,
-            "prompts": len(chosen), "tokens_per_s": {k: rate(v) for k, v in rows.items()},
-            "speedup": med, "speedup_total": tot,
-            "same_text_share": round(sum(a["text"] == b["text"] for a, b in
-                                         zip(rows["edgespec"], rows["llama_cpp.Llama"])) / len(chosen), 4),
-            "per_prompt": rows}
+    same = lambda a, b: round(sum(x["text"] == y["text"] for x, y in zip(rows[a], rows[b])) / len(chosen), 4)  # noqa: E731
+    out = {"name": w.name, "target": w.target, "call": w.call, "args": w.args, "draft": draft,
+           "prompts": len(chosen), "tokens_per_s": {k: rate(v) for k, v in rows.items()},
+           "speedup": med, "speedup_total": tot, "same_text_share": same("edgespec", "llama_cpp.Llama"),
+           "per_prompt": rows}
+    if copy:  # the copy's own speed apart from speculation, and how far its text is the file's
+        out["copy"] = {k: copy.get(k) for k in ("mode", "top1_agreement", "size_source", "size_out",
+                                                 "verify_ms_source", "verify_ms_out")}
+        out["speedup_vs_copy"] = _ratios(rows["edgespec"], rows["llama_cpp.Llama (copy)"])
+        out["copy_vs_file"] = _ratios(rows["llama_cpp.Llama (copy)"], rows["llama_cpp.Llama"])
+        out["same_text_share_copy_vs_file"] = same("llama_cpp.Llama (copy)", "llama_cpp.Llama")
+    return out
 
 
 def bench_workload(name: str, prompts: list[dict], max_tokens: int = 128, n_ctx: int = 2048,
-                   threads: int | None = None, draft: str = "default") -> dict:
-    """Every row of workload `name` (see WORKLOADS), one after the other."""
+                   threads: int | None = None, draft: str = "default", copy_quant: str = "Q4_0") -> dict:
+    """Every row of workload `name` (see WORKLOADS; "verify-friendly": `copy_workloads` of
+    `copy_quant`, the copy exported once into a temporary folder with its agreement report)."""
+    import tempfile
+
     from edgespec.measure.bench import machine_info
     from edgespec.runtime.llama_target import default_threads
 
-    if name not in WORKLOADS:
-        raise EdgespecError(f"unknown workload '{name}'; choose from {', '.join(WORKLOADS)}")
-    rows = [run_workload(w, prompts, max_tokens, n_ctx, threads, draft) for w in WORKLOADS[name]]
+    if name == "verify-friendly":
+        from edgespec.exporters.target import QUANT_FTYPES, export_target
+
+        if copy_quant not in QUANT_FTYPES:
+            raise EdgespecError(f"unknown --copy-quant {copy_quant}; choose from {', '.join(QUANT_FTYPES)}")
+        with tempfile.TemporaryDirectory() as td:
+            rows = []
+            for w in copy_workloads(copy_quant):
+                copy = export_target(w.target, Path(td) / f"{w.target}-{copy_quant}.gguf", head_type=None,
+                                     threads=threads, quant=copy_quant)
+                rows.append(run_workload(w, prompts, max_tokens, n_ctx, threads, draft, copy))
+    elif name in WORKLOADS:
+        rows = [run_workload(w, prompts, max_tokens, n_ctx, threads, draft) for w in WORKLOADS[name]]
+    else:
+        raise EdgespecError(f"unknown workload '{name}'; choose from {', '.join([*WORKLOADS, 'verify-friendly'])}")
     return {"workload": name, "max_tokens": max_tokens, "n_ctx": n_ctx, "rows": rows,
             "reference": "llama_cpp.Llama on the same file with the same call, arguments and seeds",
             "machine": machine_info(threads or default_threads())}
@@ -135,4 +173,9 @@ def format_workload(report: dict) -> str:
         t = r["tokens_per_s"]
         lines.append(f"{r['name']:44s} {t['llama_cpp.Llama']:15.1f} {t['edgespec']:14.1f} "
                      f"{r['speedup']:6.2f}x {r['speedup_total']:6.2f}x {_per_pass(r):>8s}")
+        if "copy" in r:
+            (m, tt), (cm, ct) = r["speedup_vs_copy"], r["copy_vs_file"]
+            lines.append(f"  llama_cpp.Llama on the copy: {t['llama_cpp.Llama (copy)']:.1f} tok/s, "
+                         f"{cm:.2f}x/{ct:.2f}x the file; edgespec {m:.2f}x/{tt:.2f}x it; top-1 agreement "
+                         f"with the file {r['copy']['top1_agreement']}, same text {r['same_text_share_copy_vs_file']}")
     return "\n".join(lines)

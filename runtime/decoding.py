@@ -364,10 +364,10 @@ class Generation:
         first = None
         if exact:
             first = t.prefill(self.prompt[keep:], last_logits=True)
+        elif n_h:  # the head's rows from the prompt's own batches
+            self.hidden.rows.append(t.prefill_hidden(self.prompt[keep:-1], n_h))
         else:
             t.prefill(self.prompt[keep:n_plain])
-            if n_h:
-                self.hidden.rows.append(t.hidden_states(self.prompt[n_plain:-1]))
         self.stats.prefill_s = time.perf_counter() - t0
         return first
 

@@ -421,6 +421,12 @@ def make_drafter(draft: str | None, spec):
     return head if alone else MixedDrafter(head)
 
 
+def reads_hidden(draft: str | None) -> bool:
+    """Whether the drafter named `draft` reads the target's hidden states (a head: anything but
+    none and prompt lookup)."""
+    return draft not in (None, "", "none", "lookup")
+
+
 def reads_kv(draft: str | None) -> bool:
     """Whether the drafter named `draft` reads the target's keys and values (a shared-KV head's
     checkpoint folder, GGUF or ONNX file): its engine must be opened with the hidden-state probe."""

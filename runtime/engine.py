@@ -52,6 +52,14 @@ class Engine:
         """Decode tokens into the cache; their final hidden states [n, E]."""
         raise NotImplementedError
 
+    def prefill_hidden(self, tokens: list[int], n_last: int) -> np.ndarray:
+        """Decode tokens into the cache; the hidden states of the last n_last (as
+        `hidden_states` gives them). Engines that can read them from the prompt's own batches
+        do (llama.cpp); this default decodes the rest first, then those."""
+        n_last = min(n_last, len(tokens))
+        self.prefill(tokens[:len(tokens) - n_last])
+        return self.hidden_states(tokens[len(tokens) - n_last:])
+
     def decode(self, tokens: list[int], hidden: bool = False, all_logits: bool = True,
                copy: bool = True, top_only: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         """One batched pass: logits per row (only their top tokens exact where `top_only` and a

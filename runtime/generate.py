@@ -9,7 +9,7 @@ from typing import Callable
 from edgespec.errors import EdgespecError
 from edgespec.io import utf8
 from edgespec.runtime.decoding import Generation, Stats, Target
-from edgespec.runtime.drafters import make_drafter, reads_kv
+from edgespec.runtime.drafters import make_drafter, reads_hidden
 from edgespec.runtime.engine import Engine
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.spec import SpecConfig
@@ -49,7 +49,8 @@ def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch
     """The engine for a target: llama.cpp for a GGUF file or known name, onnxruntime for a
     folder made by `edgespec export onnx-target` (whose LM head was chosen at export: `lm_head`
     applies to llama.cpp targets, see LlamaTarget, as does `flash_attn`). `draft`: the drafter
-    it will serve (a shared-KV head needs llama.cpp's hidden-state probe)."""
+    it will serve: a head reads hidden states through llama.cpp's probe (a shared-KV head needs
+    it; an MTP head reads its prompt rows from the prompt's own batches with it)."""
     p = Path(str(target)).expanduser()
     if p.is_dir():
         from edgespec.runtime.ort_target import OrtTarget
@@ -58,7 +59,7 @@ def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch
     from edgespec.runtime.llama_target import LlamaTarget
 
     return LlamaTarget(target, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head,
-                       flash_attn=flash_attn, probe=reads_kv(draft))
+                       flash_attn=flash_attn, probe=reads_hidden(draft))
 
 
 def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,

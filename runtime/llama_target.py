@@ -614,6 +614,27 @@ class LlamaTarget(LlamaVocab, Engine):
             return self._rows(lc.llama_get_logits(self._ctx), 1, self.n_vocab, True)[0]
         return None
 
+    def prefill_hidden(self, tokens: list[int], n_last: int) -> np.ndarray:
+        """Decode prompt tokens into the cache in its usual n_batch chunks, the last n_last of
+        them outputs: with the probe, their hidden states read from the same batches (it stops
+        before the LM head), where a decode of their own would cost a batch more (SmolLM2's
+        Q4_1 batches here: about as much again as the rest of the prompt). Without the probe
+        (embeddings mode makes every row an output, with logits), and for heads that read
+        layer inputs or keys and values, `hidden_states`' way."""
+        n_last = min(n_last, len(tokens))
+        if self._cb is None or self.feature_layers or self.kv_layers or n_last == len(tokens):
+            return super().prefill_hidden(tokens, n_last)
+        first, out = len(tokens) - n_last, []
+        for s in range(0, len(tokens), self.n_batch):
+            chunk = tokens[s:s + self.n_batch]
+            outputs = [s + j >= first for j in range(len(chunk))]
+            if any(outputs):
+                out.append(self._decode_grab(chunk, outputs))
+            else:
+                self._set_embeddings(False)
+                self._decode_chunk(chunk, outputs)
+        return np.concatenate(out) if out else np.empty((0, self.n_embd), np.float32)
+
     def native_sampler(self, sampling, seed: int):
         """llama.cpp's own chain where the last decode's logits sit in the context (no batched
         LM head) and the request needs no more than the chain's cuts (no bias, penalties,

@@ -561,16 +561,29 @@ def workload_table(path: Path) -> str:
     """`bench --workload`: the drop-in against llama_cpp.Llama, one row per app call."""
     r = json.loads(path.read_text())
     m0 = r["machine"]
-    rows = [[x["name"], x["prompts"], f"{x['tokens_per_s']['llama_cpp.Llama']:.1f}",
-             f"{x['tokens_per_s']['edgespec']:.1f}", f"{x['speedup']:.2f}x / {x['speedup_total']:.2f}x",
-             f"{x['same_text_share']:.2f}"] for x in r["rows"]]
+    copies = any("copy" in x for x in r["rows"])
+    rows = []
+    for x in r["rows"]:
+        row = [x["name"], x["prompts"], f"{x['tokens_per_s']['llama_cpp.Llama']:.1f}",
+               f"{x['tokens_per_s']['edgespec']:.1f}", f"{x['speedup']:.2f}x / {x['speedup_total']:.2f}x",
+               f"{x['same_text_share']:.2f}"]
+        if copies:  # llama_cpp.Llama on the copy: the copy's own speed, apart from speculation
+            c, (m, t), (cm, ct) = x["copy"], x["speedup_vs_copy"], x["copy_vs_file"]
+            row += [f"{x['tokens_per_s']['llama_cpp.Llama (copy)']:.1f}", f"{cm:.2f}x / {ct:.2f}x",
+                    f"{m:.2f}x / {t:.2f}x", f"{c['top1_agreement']:.3f}", f"{x['same_text_share_copy_vs_file']:.2f}"]
+        rows.append(row)
+    where = ("edgespec's drop-in on a copy of the file re-quantized by `edgespec export target "
+             "--quant` (llama_cpp.Llama on the user's file, and on the copy)" if copies else
+             "on the same file")
     return table(f"The app's view (`results/{path.name}`, `edgespec bench --workload {r['workload']}`): "
-                 f"`llama_cpp.Llama` and edgespec's drop-in (shipped head + lookup) making the same call "
-                 f"on the same file with the same seeds, llama-cpp-python's defaults for every argument "
+                 f"`llama_cpp.Llama` and edgespec's drop-in (shipped head + lookup) making the same call, "
+                 f"{where}, with the same seeds, llama-cpp-python's defaults for every argument "
                  f"not named; wall time including the prompt, at most {r['max_tokens']} new tokens; "
                  f"{m0['cpu']}, {m0['threads']} threads.",
                  ["call", "prompts", "llama_cpp.Llama tok/s", "edgespec tok/s",
-                  "edgespec vs llama_cpp.Llama (median / total)", "same text"], rows)
+                  "edgespec vs llama_cpp.Llama (median / total)", "same text"]
+                 + (["llama_cpp.Llama on the copy tok/s", "copy vs file", "edgespec vs the copy",
+                     "copy's top-1 agreement with the file", "same text, copy vs file"] if copies else []), rows)
 
 
 def demo_line(path: Path) -> str:

@@ -146,6 +146,8 @@ def test_generate_with_default_head_and_bench(tmp_path):
     assert_usage_error(edgespec("bench", "--target", "gemma3-270m", "--device", "toaster"), "unknown device")
     assert_usage_error(edgespec("bench", "--target", "gemma3-270m", "--baseline", "smollm2-135m",
                                 "--limit", "1"), "not a file of target")
+    assert_usage_error(edgespec("bench", "--workload", "verify-friendly", "--copy-quant", "Q3_K"),
+                       "unknown --copy-quant Q3_K")
 
 
 @pytest.mark.integration

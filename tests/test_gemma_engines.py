@@ -146,3 +146,28 @@ def test_tensor_rows_dot_rows_matches_dequantized_rows(llama):
     x = np.random.default_rng(1).normal(size=(3, rows.n_cols)).astype(np.float32)
     want = np.einsum("tmk,tk->tm", rows[idx.ravel()].reshape(3, 40, -1), x)
     np.testing.assert_allclose(rows.dot_rows(idx, x), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_prefill_hidden_reads_the_last_rows_from_the_prompts_own_batches(probe):
+    """`prefill_hidden` (the head's prompt rows): the same rows as decoding the rest of the
+    prompt and then those rows apart, up to batch rounding, with the cache holding the whole
+    prompt after; the rows may span n_batch chunks."""
+    from edgespec.runtime.engine import Engine
+    from edgespec.runtime.llama_target import LlamaTarget
+
+    eng = LlamaTarget("smollm2-135m", n_ctx=256, n_batch=16, lm_head="full", probe=probe)
+    try:
+        ids = eng.tokenize("The history of the city begins with a small village on the river, " * 3)
+        assert len(ids) > 40
+        eng.reset()
+        apart = Engine.prefill_hidden(eng, ids, 20)
+        eng.reset()
+        got = eng.prefill_hidden(ids, 20)
+        assert eng.tokens == ids and got.shape == apart.shape == (20, eng.n_embd)
+        cos = (got * apart).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(apart, axis=1)
+        assert cos.min() > 0.99
+        lg, _ = eng.decode([ids[0]], all_logits=False)  # the cache goes on from there
+        assert np.isfinite(lg).all() and len(eng.tokens) == len(ids) + 1
+    finally:
+        eng.close()

@@ -160,6 +160,10 @@ def _cmd_train(args) -> int:
         if args.arch != "shared-kv":
             raise EdgespecError("--input-norms is a shared-kv head option")
         overrides["input_norms"] = True
+    if args.d_model:
+        if args.arch != "shared-kv":
+            raise EdgespecError("--d-model is a shared-kv head option (the MTP head is the target's width)")
+        overrides["d_model"] = args.d_model
     if args.layer_types:
         overrides["layer_types"] = args.layer_types.split(",")
     if args.seq_len:
@@ -226,6 +230,9 @@ def _args_train(s) -> None:
     s.add_argument("--input-norms", action="store_true",
                    help="--arch shared-kv: RMS-norm the token embedding and hidden state before "
                         "pre_proj (as the MTP head does; llama.cpp's Gemma 4 assistant has none)")
+    s.add_argument("--d-model", type=_positive_int, default=None,
+                   help="--arch shared-kv: the head's own width (default: the target's; llama.cpp's "
+                        "gemma4-assistant layout needs another one)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--threads", type=_positive_int, default=None)
     s.add_argument("--save-every", type=_positive_int, default=250,

@@ -434,3 +434,15 @@ def test_shared_kv_drafter_refuses_another_targets_head_and_ties_rows_to_tokens(
     assert d.kv_held([5, 6, 7, 8]) == 3 and d.n == 3
     with pytest.raises(RuntimeError, match="reads no keys"):
         d.keep(rows[:, :spec.n_embd])
+
+
+def test_train_cli_sets_the_shared_kv_heads_width(tiny_kv):
+    from test_cli import assert_usage_error, edgespec
+
+    path, spec, feats, tmp = tiny_kv
+    args = ["train", "--target", str(path), "--features", str(feats), "--steps", "4", "--batch", "2",
+            "--seq-len", "16", "--draft-vocab", "32", "--save-every", "4"]
+    r = edgespec(*args, "--out", str(tmp / "w"), "--arch", "shared-kv", "--d-model", "24")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp / "w" / "config.json").read_text())["head"]["d_model"] == 24
+    assert_usage_error(edgespec(*args, "--out", str(tmp / "m"), "--d-model", "24"), "shared-kv head option")

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from edgespec import __version__
 from edgespec.errors import EdgespecError, one_line
@@ -581,6 +582,12 @@ def _args_plan(s) -> None:
     s.add_argument("--json", action="store_true")
 
 
+def _is_shared_kv(ckpt: str) -> bool:
+    from edgespec.runtime.drafters import reads_kv
+
+    return Path(ckpt).is_dir() and reads_kv(ckpt)
+
+
 def _cmd_export(args) -> int:
     if args.kind == "target":
         from edgespec.exporters.target import export_target
@@ -600,6 +607,14 @@ def _cmd_export(args) -> int:
 
         r = export_lowrank_basis(args.source, args.out, rank=args.rank, check=not args.no_check,
                                  threads=args.threads, log=lambda m: print(m, file=sys.stderr))
+    elif args.kind == "llama-cpp" and _is_shared_kv(args.source):
+        from edgespec.exporters.gemma4_assistant import check_assistant_export, write_assistant_gguf
+
+        if args.check and not args.features:
+            raise EdgespecError("--check needs --features DIR (held-out features with --kv)")
+        r = write_assistant_gguf(args.source, args.out, quant=args.quant or "q8_0")
+        if args.check:
+            r["check"] = check_assistant_export(args.source, args.out, args.features)
     elif args.kind == "llama-cpp":
         from edgespec.exporters.eagle3_gguf import check_eagle3_export, write_eagle3_gguf
 

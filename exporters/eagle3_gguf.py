@@ -72,6 +72,23 @@ def _copy_tokenizer(writer, target_path: str) -> int:
     return n
 
 
+def finish_gguf(writer, tensors: dict[str, np.ndarray], qtype) -> None:
+    """Add the tensors (2-D float ones whose rows split into blocks of 32 quantized to `qtype`,
+    or to `qtype(name)` where it is a function, the rest as they are) and write the file out."""
+    from gguf.quants import quantize
+
+    for name, a in tensors.items():
+        if a.ndim == 2 and a.shape[1] % 32 == 0 and a.dtype == np.float32:
+            t = qtype(name) if callable(qtype) else qtype
+            writer.add_tensor(name, quantize(a, t), raw_dtype=t)
+        else:
+            writer.add_tensor(name, a)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def read_eagle3_checkpoint(ckpt: str | Path, mtp_hint: str):
     """(meta, config, target spec, weights without the draft ids, draft ids) of an EAGLE-3
     checkpoint, its target and draft vocabulary checked; `mtp_hint`: what to say to one who
@@ -97,7 +114,6 @@ def write_eagle3_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0",
     """`any_target`: write the file even for a target llama.cpp cannot run it with (tests)."""
     import gguf
     from gguf.constants import GGMLQuantizationType as Q
-    from gguf.quants import quantize
 
     if quant not in QUANTS:
         raise EdgespecError(f"unknown --quant {quant} for llama-cpp; choose from {', '.join(QUANTS)}")
@@ -133,16 +149,7 @@ def write_eagle3_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0",
         w.add_string(EAGLE3_FINGERPRINT, meta["target_fingerprint"])
         w.add_string(EAGLE3_CONFIG, json.dumps(c.to_dict()))
         _copy_tokenizer(w, spec.path)
-        for name, a in tensors.items():
-            if a.ndim == 2 and a.shape[1] % 32 == 0:
-                w.add_tensor(name, quantize(a, qt), raw_dtype=qt)
-            else:
-                w.add_tensor(name, a)
-        w.add_tensor("d2t", ids)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        finish_gguf(w, {**tensors, "d2t": ids}, qt)
 
     atomic_write(out, write)
     verified = "yes" if spec.arch in RUNS_IN_LLAMA_CPP else "not tried for this architecture"

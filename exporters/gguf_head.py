@@ -20,6 +20,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as Q
 
 from edgespec.errors import EdgespecError
+from edgespec.exporters.eagle3_gguf import finish_gguf
 from edgespec.io import atomic_write
 from edgespec.runtime.formats import (DRAFT_IDS, GGUF_ARCH, GGUF_DRAFT_VOCAB, GGUF_FINGERPRINT,
                                       GGUF_HEAD_CONFIG, GGUF_SHARED_KV_ARCH, GGUF_TARGET,
@@ -34,7 +35,6 @@ KEEP_Q8 = ("fc.weight", "pre_proj.weight", "lm_head")
 def write_head_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0",
                     keep_q8: tuple[str, ...] | None = None) -> dict:
     import gguf
-    from gguf.quants import quantize
 
     if quant not in QUANTS:
         raise EdgespecError(f"unknown --quant {quant} for GGUF; choose from {', '.join(QUANTS)}")
@@ -72,19 +72,9 @@ def write_head_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0",
         w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c["rms_eps"])
         w.add_float32(f"{arch}.embed_scale", c["embed_scale"])
         w.add_array(key(GGUF_DRAFT_VOCAB), [int(x) for x in weights[DRAFT_IDS]])
-        for name, arr in weights.items():
-            if name == DRAFT_IDS:
-                continue
-            arr = np.ascontiguousarray(arr, dtype=np.float32)
-            if arr.ndim == 2 and arr.shape[1] % 32 == 0 and qt != Q.F32:
-                t = Q.Q8_0 if qt == Q.Q4_0 and name in keep_q8 else qt
-                w.add_tensor(name, quantize(arr, t), raw_dtype=t)
-            else:
-                w.add_tensor(name, arr)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        finish_gguf(w, {name: np.ascontiguousarray(arr, dtype=np.float32)
+                        for name, arr in weights.items() if name != DRAFT_IDS},
+                    lambda name: Q.Q8_0 if qt == Q.Q4_0 and name in keep_q8 else qt)
 
     atomic_write(out, write)
     return {"out": str(out), "quant": quant, "bytes": Path(out).stat().st_size}

@@ -446,3 +446,69 @@ def test_train_cli_sets_the_shared_kv_heads_width(tiny_kv):
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp / "w" / "config.json").read_text())["head"]["d_model"] == 24
     assert_usage_error(edgespec(*args, "--out", str(tmp / "m"), "--d-model", "24"), "shared-kv head option")
+
+
+def test_shared_kv_head_exports_to_llama_cpps_gemma4_assistant_layout(tiny_kv):
+    """`export llama-cpp` of a shared-KV head: llama.cpp's gemma4-assistant GGUF. Its tensors, run
+    as that graph computes (plain RMS norms, attention scale 1, logits from token_embd over the
+    full vocabulary, the next h from post_projection), give the trained head's step: the same
+    logits at the draft ids (0 elsewhere) and the same next input. Heads the layout cannot hold
+    are refused in one line, nothing written."""
+    from edgespec.exporters.gemma4_assistant import (assistant_step, read_assistant_gguf,
+                                                     write_assistant_gguf)
+    from edgespec.gguf_meta import read_header
+    from edgespec.runtime.heads import load_head
+    from edgespec.training.train import train
+
+    path, spec, feats, tmp = tiny_kv
+    over = {"n_ff": 32, "d_model": 24}
+    train(str(path), feats, tmp / "skv", small_cfg(arch="shared-kv", steps=8, warmup=2, save_every=8),
+          head_overrides=over, log=lambda m: None)
+    r = write_assistant_gguf(tmp / "skv", tmp / "a.gguf", quant="f16")
+    md = read_header(tmp / "a.gguf").metadata
+    assert md["general.architecture"] == "gemma4-assistant" and r["kv_layers"] == [4, 5]
+    assert md["gemma4-assistant.embedding_length"] == 24 and md["gemma4-assistant.embedding_length_out"] == 16
+    assert md["gemma4-assistant.nextn_predict_layers"] == md["gemma4-assistant.block_count"] == 2
+    assert list(md["gemma4-assistant.attention.sliding_window_pattern"]) == [True, False]
+    assert "tokenizer.ggml.tokens" in md
+    t, meta = read_assistant_gguf(tmp / "a.gguf")
+    assert t["token_embd.weight"].shape == (spec.n_vocab, 24)
+    nh, info = load_head(tmp / "skv")
+    ids = info.draft_ids
+    rng = np.random.default_rng(0)
+    for qpos in (3, 12):  # before and after the sliding window (8) fills
+        keys = [rng.normal(size=(qpos, 1, 8)).astype(np.float32) for _ in range(2)]
+        values = [rng.normal(size=(qpos, 1, 8)).astype(np.float32) for _ in range(2)]
+        emb, h = rng.normal(size=(1, 16)).astype(np.float32), rng.normal(size=(1, 16)).astype(np.float32)
+        want_h, want = nh.step(emb, h, qpos, keys, values)
+        from edgespec.runtime.heads import attended
+
+        ks, vs = attended(nh.c, qpos, keys, values)
+        got, got_h = assistant_step(t, meta, emb, h, qpos, ks, vs)
+        tol = 2e-2 * np.abs(want).max()  # f16 weights
+        assert np.abs(got[0, ids] - want[0]).max() <= tol
+        assert np.abs(got_h - want_h).max() <= 2e-2 * np.abs(want_h).max()
+        others = np.setdiff1d(np.arange(spec.n_vocab), ids)
+        assert np.all(got[0, others] == 0)
+    for name, kw, msg in (("norms", {"input_norms": True}, "input-norms"), ("wide", {"d_model": 16}, "--d-model")):
+        train(str(path), feats, tmp / name, small_cfg(arch="shared-kv", steps=2, warmup=1, save_every=2),
+              head_overrides={"n_ff": 32, "d_model": 24, **kw}, log=lambda m: None)
+        with pytest.raises(EdgespecError, match=msg):
+            write_assistant_gguf(tmp / name, tmp / f"{name}.gguf")
+        assert not (tmp / f"{name}.gguf").exists()
+
+
+def test_export_llama_cpp_of_a_shared_kv_head_from_the_command_line(tiny_kv):
+    from test_cli import edgespec
+
+    from edgespec.training.train import train
+
+    path, spec, feats, tmp = tiny_kv
+    train(str(path), feats, tmp / "skv", small_cfg(arch="shared-kv", steps=8, warmup=2, save_every=8),
+          head_overrides={"n_ff": 32, "d_model": 24}, log=lambda m: None)
+    r = edgespec("export", "llama-cpp", str(tmp / "skv"), "--out", str(tmp / "a.gguf"), "--quant", "f16",
+                 "--check", "--features", str(feats), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["arch"] == "gemma4-assistant" and rep["check"]["compared"] > 0
+    assert rep["check"]["top1_agreement"] >= 0.95 and rep["check"]["max_logit_error"] < 0.1, rep["check"]

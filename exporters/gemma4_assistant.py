@@ -12,8 +12,8 @@ which must differ: that is how the loader tells them apart), `block_count` and
 RoPE bases, and the target's tokenizer (its vocabulary size). Tensors: `nextn.pre_projection`
 [2E -> d] over concat(target embedding x sqrt(E), h), per layer a query-only attention block
 (`attn_norm`, `attn_q`, `attn_q_norm`, `attn_output`, `post_attention_norm`, `ffn_norm`, GeGLU
-`ffn_gate`/`ffn_up`/`ffn_down`, `post_ffw_norm`, `layer_output_scale`, `rope_freqs` once a
-global layer exists), `output_norm`, then logits from `token_embd` [d -> full vocabulary] and the
+`ffn_gate`/`ffn_up`/`ffn_down`, `post_ffw_norm`, `layer_output_scale`; one `rope_freqs` for
+the global layers), `output_norm`, then logits from `token_embd` [d -> full vocabulary] and the
 next h from `nextn.post_projection` [d -> E]. Its layers read the target's KV cache: sliding
 ones the target's layer n_layer - 2, global ones n_layer - 1.
 
@@ -76,8 +76,8 @@ def assistant_tensors(c: SharedKVConfig, w: dict[str, np.ndarray], ids: np.ndarr
                   b + "ffn_down.weight": f[p + "down.weight"],
                   b + "post_ffw_norm.weight": one(p + "post_ffn_norm.weight"),
                   b + "layer_output_scale.weight": np.ones(1, np.float32)})
-        if c.layer_types[i] == "global":
-            t[b + "rope_freqs.weight"] = np.ones(c.head_dim // 2, np.float32)
+    if "global" in c.layer_types:  # one tensor, shared by the global layers (RoPE as the target's)
+        t["rope_freqs.weight"] = np.ones(c.head_dim // 2, np.float32)
     return t
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 from edgespec import cache
 from edgespec.errors import EdgespecError
 
-TOOLS = ("llama-server", "llama-speculative-simple", "llama-bench")
+TOOLS = ("llama-server", "llama-speculative-simple", "llama-bench",
+         "llama-server-nextn")  # the last: patched gemma3 graph (scripts/patches/gemma3-nextn.patch)
 
 # name -> extra llama-server arguments
 SERVER_CONFIGS: dict[str, list[str]] = {
@@ -135,13 +136,14 @@ class ServerProcess:
 
 
 class LlamaServer(ServerProcess):
-    """Stock `llama-server` on the target file, one slot, on a free local port."""
+    """Stock `llama-server` on the target file, one slot, on a free local port (`tool`: the
+    patched `llama-server-nextn` instead)."""
 
     def __init__(self, model: str | Path, extra: list[str], threads: int, n_ctx: int,
-                 start_timeout: float = 180.0):
+                 start_timeout: float = 180.0, tool: str = "llama-server"):
         port = free_port()
-        super().__init__("llama-server", [
-            str(find_tool("llama-server")), "-m", str(model), "-t", str(threads), "-tb", str(threads),
+        super().__init__(tool, [
+            str(find_tool(tool)), "-m", str(model), "-t", str(threads), "-tb", str(threads),
             "-c", str(n_ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(port), "--no-webui",
             "--metrics", *extra], port, start_timeout=start_timeout)
 

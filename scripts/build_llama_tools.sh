@@ -5,6 +5,10 @@
 # ~/.cache/edgespec), and print that folder. Its Hugging Face converter (convert_hf_to_gguf.py
 # with its `conversion` package and gguf-py) goes beside it, in ../convert. Only the package
 # registry is used (the llama-cpp-python sdist).
+# One extra, clearly named tool: llama-server-nextn, the same server from the same source with
+# scripts/patches/gemma3-nextn.patch applied (its gemma3 graph hands the post-norm hidden state
+# to an MTP drafter, as its gemma4 graph does), for running `export llama-cpp`'s
+# gemma4-assistant files on Gemma 3 targets. The stock tools stay stock.
 #
 #   scripts/build_llama_tools.sh [PYTHON]      (make llama-tools)
 set -euo pipefail
@@ -17,9 +21,12 @@ CPU_FLAGS=$("$PY" -c "from edgespec.llama_lib import CPU_FLAGS; print(CPU_FLAGS)
 DEST="$CACHE/llama-tools/$VERSION"
 TOOLS=(llama-server llama-speculative-simple llama-bench)
 
+PATCH="$(cd "$(dirname "$0")" && pwd)/patches/gemma3-nextn.patch"
+
 have_all() { for t in "${TOOLS[@]}"; do [ -x "$DEST/bin/$t" ] || return 1; done; }
 have_convert() { [ -f "$DEST/convert/convert_hf_to_gguf.py" ]; }
-if have_all && have_convert; then
+have_nextn() { [ -x "$DEST/bin/llama-server-nextn" ]; }
+if have_all && have_convert && have_nextn; then
     echo "llama.cpp tools $VERSION: already built" >&2
     echo "$DEST/bin"
     exit 0
@@ -41,32 +48,50 @@ install_convert() {  # atomically, beside the tools
     rm -rf "$DEST/convert"
     mv "$stage" "$DEST/convert"
 }
+configure() {  # source folder, build folder. No web UI assets (they would be downloaded), no
+    # TLS, no tests: only what the tools need.
+    cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+        -DBUILD_SHARED_LIBS=OFF -DCMAKE_C_FLAGS="$CPU_FLAGS" -DCMAKE_CXX_FLAGS="$CPU_FLAGS" \
+        >"$2.configure.log" 2>&1 || { tail -30 "$2.configure.log" >&2; exit 1; }
+}
+build() {  # build folder, targets...
+    local dir=$1; shift
+    cmake --build "$dir" --target "$@" -j "$(nproc)" >"$dir.build.log" 2>&1 \
+        || { tail -40 "$dir.build.log" >&2; exit 1; }
+}
+
 mkdir -p "$CACHE/llama-tools"
 if have_all; then
+    have_convert || { install_convert; echo "llama.cpp tools $VERSION: converter added" >&2; }
+else
+    configure "$SRC" "$WORK/build"
+    echo "llama.cpp tools $VERSION: building ${TOOLS[*]} (several minutes on 2 cores)" >&2
+    build "$WORK/build" "${TOOLS[@]}"
+    # Install atomically: a half-copied folder is never taken for a built one.
+    STAGE=$(mktemp -d "$CACHE/llama-tools/.staging.XXXXXX")
+    mkdir -p "$STAGE/bin"
+    for t in "${TOOLS[@]}"; do cp "$WORK/build/bin/$t" "$STAGE/bin/"; done
+    [ -x "$DEST/bin/llama-server-nextn" ] && cp "$DEST/bin/llama-server-nextn" "$STAGE/bin/"
+    cp "$SRC/LICENSE" "$STAGE/LICENSE-llama.cpp"
+    rm -rf "$DEST"
+    mv "$STAGE" "$DEST"
     install_convert
-    echo "llama.cpp tools $VERSION: converter added" >&2
-    echo "$DEST/bin"
-    exit 0
+    echo "llama.cpp tools $VERSION: built" >&2
 fi
 
-# No web UI assets (they would be downloaded), no TLS, no tests: only what the three tools need.
-cmake -S "$SRC" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
-    -DBUILD_SHARED_LIBS=OFF -DCMAKE_C_FLAGS="$CPU_FLAGS" -DCMAKE_CXX_FLAGS="$CPU_FLAGS" \
-    >"$WORK/configure.log" 2>&1 || { tail -30 "$WORK/configure.log" >&2; exit 1; }
-echo "llama.cpp tools $VERSION: building ${TOOLS[*]} (several minutes on 2 cores)" >&2
-cmake --build "$WORK/build" --target "${TOOLS[@]}" -j "$(nproc)" >"$WORK/build.log" 2>&1 \
-    || { tail -40 "$WORK/build.log" >&2; exit 1; }
-
-# Install atomically: a half-copied folder is never taken for a built one.
-mkdir -p "$CACHE/llama-tools"
-STAGE=$(mktemp -d "$CACHE/llama-tools/.staging.XXXXXX")
-mkdir -p "$STAGE/bin"
-for t in "${TOOLS[@]}"; do cp "$WORK/build/bin/$t" "$STAGE/bin/"; done
-cp "$SRC/LICENSE" "$STAGE/LICENSE-llama.cpp"
-rm -rf "$DEST"
-mv "$STAGE" "$DEST"
-install_convert
-echo "llama.cpp tools $VERSION: built" >&2
+if ! have_nextn; then
+    cp -r "$SRC" "$WORK/patched"
+    if command -v patch >/dev/null; then
+        patch -d "$WORK/patched" -p1 --quiet < "$PATCH"
+    else
+        git -C "$WORK/patched" apply "$PATCH"
+    fi || { echo "scripts/patches/gemma3-nextn.patch does not apply to llama.cpp $VERSION" >&2; exit 1; }
+    configure "$WORK/patched" "$WORK/build-nextn"
+    echo "llama.cpp tools $VERSION: building llama-server-nextn (the patched gemma3 graph)" >&2
+    build "$WORK/build-nextn" llama-server
+    cp "$WORK/build-nextn/bin/llama-server" "$DEST/bin/.llama-server-nextn.$$"
+    mv "$DEST/bin/.llama-server-nextn.$$" "$DEST/bin/llama-server-nextn"
+fi
 echo "$DEST/bin"

@@ -236,6 +236,26 @@ def eagle3_check_table(path: Path) -> str:
                   "edgespec replay", "same text as plain", "plain tok/s", "draft-eagle3 tok/s"], rows)
 
 
+def assistant_check_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    m = r["machine"]
+    rows = [[i + 1, p["prompt_tokens"], p["tokens"], p["llama_drafted"],
+             f"{p['llama_acceptance']:.3f}", f"{p['edgespec_acceptance']:.3f}",
+             "yes" if p["same_text_as_plain"] else "no", p["tok_s_plain"], p["tok_s_mtp"]]
+            for i, p in enumerate(r["per_prompt"])]
+    rows.append(["all", "", "", "", f"{r['llama_acceptance']:.3f}", f"{r['edgespec_acceptance']:.3f}",
+                 f"{r['same_text_as_plain_share']:.2f}", f"{r['tok_s_plain']:.1f}", f"{r['tok_s_mtp']:.1f}"])
+    return table(f"`{path.relative_to(ROOT)}` (`scripts/assistant_check.py`): the shared-KV head's "
+                 f"gemma4-assistant export `{Path(r['head']).name}` in `{r['server']}` "
+                 f"(`{' '.join(r['server_args'][2:])}`, llama.cpp's default 3 drafts per step), greedy, "
+                 f"{r['n_predict']} new tokens per prompt: llama.cpp's own acceptance (its /metrics) against "
+                 "edgespec's replay of the same draft loop with the file's tensors on the same text; "
+                 f"whether the text equals the server's plain greedy text; both speeds from its timings. "
+                 f"{m['cpu']}, {m['threads']} threads.",
+                 ["prompt", "prompt tokens", "new tokens", "drafted", "llama.cpp acceptance",
+                  "edgespec replay", "same text as plain", "plain tok/s", "draft-mtp tok/s"], rows)
+
+
 def summary_table(paths: list[Path]) -> str:
     """One row per drafting method of every bench report: the figures to compare at a glance."""
     rows = []
@@ -455,6 +475,7 @@ def render() -> str:
                                 ("export-eagle3-*.json", eagle3_export_table),
                                 ("export-speculators-*.json", speculators_export_table),
                                 ("eagle3-check-*.json", eagle3_check_table),
+                                ("assistant-check-*.json", assistant_check_table),
                                 ("scaling-*.json", scaling_table),
                                 ("data-speed-*.json", data_speed_table),
                                 ("verify-cost-*.json", verify_cost_table),

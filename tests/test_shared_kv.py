@@ -249,7 +249,7 @@ def test_numpy_head_steps_equal_the_torch_head():
                 assert np.allclose(lg[0], head.logits(h)[0, 0].numpy(), atol=1e-3)
 
 
-def _gemma_kv_checkpoint(folder, spec, seed=0):
+def _gemma_kv_checkpoint(folder, spec, seed=0, input_norms=True):
     """A shared-KV head for the real Gemma 3 270M with random weights (small width): what the
     run-time tests need is the shape of the real thing, not its skill."""
     from edgespec.training.shared_kv import SharedKVHead
@@ -258,7 +258,7 @@ def _gemma_kv_checkpoint(folder, spec, seed=0):
     torch.manual_seed(seed)
     ids = np.arange(2, 514, dtype=np.int64)
     head = SharedKVHead(shared_kv_config_for(spec, len(ids), (16, 17), d_model=64, n_ff=64,
-                                             input_norms=True))
+                                             input_norms=input_norms))
     from edgespec.targets import embedding_rows
 
     head.lm_head.copy_(torch.as_tensor(np.asarray(embedding_rows(spec)[ids], np.float32)))
@@ -512,3 +512,23 @@ def test_export_llama_cpp_of_a_shared_kv_head_from_the_command_line(tiny_kv):
     rep = json.loads(r.stdout)
     assert rep["arch"] == "gemma4-assistant" and rep["check"]["compared"] > 0
     assert rep["check"]["top1_agreement"] >= 0.95 and rep["check"]["max_logit_error"] < 0.1, rep["check"]
+
+
+@pytest.mark.integration
+def test_gemma4_assistant_export_runs_in_llama_cpps_own_mtp_drafter(tmp_path, monkeypatch):
+    """The `export llama-cpp` file of a shared-KV head loads in llama-server-nextn (the pinned
+    llama.cpp, its gemma3 graph patched to hand out the hidden state) and drafts there with
+    `--spec-type draft-mtp`; llama.cpp's acceptance equals edgespec's replay of its loop on the
+    same text (a random head here: the mechanics, not the skill; the trained head's figures are
+    in results/assistant-check-*)."""
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
+    from edgespec.exporters.gemma4_assistant import write_assistant_gguf
+    from edgespec.measure.assistant_check import assistant_in_llama_server
+
+    spec = load_target_spec("gemma3-270m")
+    ckpt = _gemma_kv_checkpoint(tmp_path / "skv", spec, input_norms=False)
+    write_assistant_gguf(ckpt, tmp_path / "a.gguf", quant="q8_0")
+    r = assistant_in_llama_server("gemma3-270m", tmp_path / "a.gguf",
+                                  ["The capital of France is", "def add(a, b):\n"], n_predict=24, n_ctx=512)
+    assert all(p["llama_drafted"] > 0 for p in r["per_prompt"])  # llama.cpp's MTP drafter ran it
+    assert r["agrees"], r

@@ -18,13 +18,11 @@ Also reported: how often the speculative text equals the plain text, and both sp
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.measure.peers import LlamaServer
 
 SERVER = "llama-server-nextn"
 N_MAX = 3  # llama.cpp's default drafts per step (common_params_speculative.draft.n_max)
@@ -69,7 +67,7 @@ def assistant_in_llama_server(target: str, head_gguf: str | Path, prompts: list[
     """server: the llama-server binary (`llama-server` for stock llama.cpp, whose gemma3 graph
     hands the drafter no hidden state: its acceptance then falls apart from the replay's)."""
     from edgespec.exporters.gemma4_assistant import AssistantFile
-    from edgespec.measure.eagle3_check import _tok_s
+    from edgespec.measure.eagle3_check import _tok_s, greedy_runs
     from edgespec.runtime.llama_target import LlamaTarget
     from edgespec.targets import embedding_rows
 
@@ -80,20 +78,7 @@ def assistant_in_llama_server(target: str, head_gguf: str | Path, prompts: list[
             raise EdgespecError(f"{head_gguf} is a head for another target")
         ids = [eng.tokenize(p) for p in prompts]
         configs = {"none": [], "draft-mtp": ["-md", str(head_gguf), "--spec-type", "draft-mtp"]}
-        runs: dict[str, list[dict]] = {}
-        for name, extra in configs.items():
-            with LlamaServer(eng.model_file, extra, eng.n_threads, n_ctx, tool=server) as srv:
-                srv.complete(ids[0][:16], 8, 0.0, 0)  # page the model in
-                rows = []
-                for p in ids:
-                    time.sleep(0.3)  # counters update as the slot is released
-                    before = srv.spec_counters()
-                    r = srv.complete(p, n_predict, 0.0, 0)
-                    time.sleep(0.3)
-                    after = srv.spec_counters()
-                    r.update({k: after[k] - before[k] for k in after})
-                    rows.append(r)
-                runs[name] = rows
+        runs = greedy_runs(eng, configs, ids, n_predict, n_ctx, tool=server)
         embed = embedding_rows(eng.spec)
         per = []
         for p, plain, spec in zip(ids, runs["none"], runs["draft-mtp"]):

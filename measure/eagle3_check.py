@@ -38,17 +38,13 @@ def eagle3_in_llama_server(target: str, head_gguf: str | Path, prompts: list[str
         eng.close()
 
 
-def _check(eng, target, head, draft_ids, info, head_gguf, prompts, n_predict, n_ctx) -> dict:
-    from edgespec.targets import embedding_rows
-    from edgespec.training.eagle3 import greedy_draft_walk
-
-    if info.fingerprint != eng.spec.tokenizer_fingerprint:
-        raise EdgespecError(f"{head_gguf} is a head for another target")
-    ids = [eng.tokenize(p) for p in prompts]
-    configs = server_configs(head_gguf)
+def greedy_runs(eng, configs: dict[str, list[str]], ids: list[list[int]], n_predict: int, n_ctx: int,
+                tool: str = "llama-server") -> dict[str, list[dict]]:
+    """Each configuration's llama-server (`tool`) on the engine's file decodes every prompt
+    greedily; per request its result and its speculation counters (from /metrics)."""
     runs: dict[str, list[dict]] = {}
-    for name in ("none", "draft-eagle3"):
-        with LlamaServer(eng.model_file, configs[name], eng.n_threads, n_ctx) as srv:
+    for name, extra in configs.items():
+        with LlamaServer(eng.model_file, extra, eng.n_threads, n_ctx, tool=tool) as srv:
             srv.complete(ids[0][:16], 8, 0.0, 0)  # page the model in
             rows = []
             for p in ids:
@@ -60,6 +56,18 @@ def _check(eng, target, head, draft_ids, info, head_gguf, prompts, n_predict, n_
                 r.update({k: after[k] - before[k] for k in after})
                 rows.append(r)
             runs[name] = rows
+    return runs
+
+
+def _check(eng, target, head, draft_ids, info, head_gguf, prompts, n_predict, n_ctx) -> dict:
+    from edgespec.targets import embedding_rows
+    from edgespec.training.eagle3 import greedy_draft_walk
+
+    if info.fingerprint != eng.spec.tokenizer_fingerprint:
+        raise EdgespecError(f"{head_gguf} is a head for another target")
+    ids = [eng.tokenize(p) for p in prompts]
+    configs = server_configs(head_gguf)
+    runs = greedy_runs(eng, {n: configs[n] for n in ("none", "draft-eagle3")}, ids, n_predict, n_ctx)
     embed = embedding_rows(eng.spec)
     per = []
     for p, plain, spec in zip(ids, runs["none"], runs["draft-eagle3"]):

@@ -35,7 +35,7 @@ def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Pa
     if info.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{exported} is not an export of {ckpt} (target fingerprints differ)")
     if head_arch(meta["head"]) == "shared-kv":
-        return _check_shared_kv(head, meta, nh, exported, Features(features), n_steps, max_samples, every)
+        return check_shared_kv(head, meta, nh, exported, Features(features), n_steps, max_samples, every)
     feats = final_state_only(Features(features))  # with layer inputs stored: the final state alone
     if feats.fingerprint != meta["target_fingerprint"]:
         raise EdgespecError(f"{features}: not features of this head's target")
@@ -74,7 +74,7 @@ def check_head_export(ckpt: str | Path, exported: str | Path, features: str | Pa
             "compared": total, "ms_per_draft_step": round(1000 * step_s / max(steps, 1), 3)}
 
 
-def _check_shared_kv(head, meta, nh, exported, feats, n_steps: int, max_samples: int, every: int) -> dict:
+def check_shared_kv(head, meta, nh, exported, feats, n_steps: int, max_samples: int, every: int) -> dict:
     """`check_head_export` for a shared-KV head: features with the keys and values it attends
     (`extract --kv`), the exported head stepping each chain as the drafter does (every step at
     the position after the chain start, over the target's keys up to it, teacher-forced)."""

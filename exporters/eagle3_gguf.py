@@ -55,7 +55,7 @@ def gguf_tensors(c: Eagle3Config, w: dict[str, np.ndarray]) -> dict[str, np.ndar
     return t
 
 
-def _copy_tokenizer(writer, target_path: str) -> int:
+def copy_tokenizer(writer, target_path: str) -> int:
     """Every `tokenizer.*` key of the target's GGUF, with its type."""
     from gguf import GGUFReader
     from gguf.constants import GGUFValueType as VT
@@ -148,7 +148,7 @@ def write_eagle3_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0",
         w.add_string(EAGLE3_TARGET, meta["target"])
         w.add_string(EAGLE3_FINGERPRINT, meta["target_fingerprint"])
         w.add_string(EAGLE3_CONFIG, json.dumps(c.to_dict()))
-        _copy_tokenizer(w, spec.path)
+        copy_tokenizer(w, spec.path)
         finish_gguf(w, {**tensors, "d2t": ids}, qt)
 
     atomic_write(out, write)

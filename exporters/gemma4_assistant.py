@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.exporters.eagle3_gguf import _copy_tokenizer, finish_gguf
+from edgespec.exporters.eagle3_gguf import copy_tokenizer, finish_gguf
 from edgespec.io import atomic_write
 from edgespec.runtime.formats import DRAFT_IDS, SharedKVConfig, head_arch, read_checkpoint
 
@@ -141,7 +141,7 @@ def write_assistant_gguf(ckpt: str | Path, out: str | Path, quant: str = "q8_0")
         w.add_string("edgespec.target_fingerprint", meta["target_fingerprint"])
         w.add_string("edgespec.head_config", json.dumps(c.to_dict()))
         w.add_array("edgespec.draft_vocab", [int(x) for x in ids])
-        _copy_tokenizer(w, spec.path)
+        copy_tokenizer(w, spec.path)
         finish_gguf(w, tensors, qt)
 
     atomic_write(out, write)
@@ -157,7 +157,7 @@ def assistant_step(t: dict[str, np.ndarray], meta: dict, tok_emb: np.ndarray, h:
     (numpy layout, dequantized): (logits over the full vocabulary, next h). keys/values: per
     layer the target's [S, Hkv, D] the layer attends (a sliding layer's cut to its window), RoPE
     applied as the cache holds them. The export's check: this equals the trained head's step."""
-    from edgespec.runtime.heads import _gelu_tanh, _rope
+    from edgespec.runtime.heads import gelu_tanh, rope_turn
 
     def rms(x, wt):
         x = x.astype(np.float32)
@@ -169,7 +169,7 @@ def assistant_step(t: dict[str, np.ndarray], meta: dict, tok_emb: np.ndarray, h:
     for i, sliding in enumerate(meta["sliding"]):
         b = f"blk.{i}."
         q = (rms(x, t[b + "attn_norm.weight"]) @ t[b + "attn_q.weight"].T).reshape(len(x), nh, hd)
-        q = _rope(rms(q, t[b + "attn_q_norm.weight"]), np.full(len(x), qpos),
+        q = rope_turn(rms(q, t[b + "attn_q_norm.weight"]), np.full(len(x), qpos),
                   meta["base_swa"] if sliding else meta["base"])
         K, V = keys[i], values[i]
         g = K.shape[1]
@@ -179,7 +179,7 @@ def assistant_step(t: dict[str, np.ndarray], meta: dict, tok_emb: np.ndarray, h:
         a = np.einsum("grts,sgd->tgrd", s, V).reshape(len(x), nh * hd) @ t[b + "attn_output.weight"].T
         x = rms(a, t[b + "post_attention_norm.weight"]) + x
         f = rms(x, t[b + "ffn_norm.weight"])
-        f = (_gelu_tanh(f @ t[b + "ffn_gate.weight"].T) * (f @ t[b + "ffn_up.weight"].T)) @ t[b + "ffn_down.weight"].T
+        f = (gelu_tanh(f @ t[b + "ffn_gate.weight"].T) * (f @ t[b + "ffn_up.weight"].T)) @ t[b + "ffn_down.weight"].T
         x = (rms(f, t[b + "post_ffw_norm.weight"]) + x) * t[b + "layer_output_scale.weight"][0]
     n = rms(x, t["output_norm.weight"])
     return n @ t["token_embd.weight"].T, n @ t["nextn.post_projection.weight"].T
@@ -227,11 +227,11 @@ class AssistantFile:
 def check_assistant_export(ckpt: str | Path, exported: str | Path, features: str | Path) -> dict:
     """The exported file, run as llama.cpp's assistant graph, beside the trained torch head on
     held-out features with the keys and values (`exporters/check.py`'s shared-KV check)."""
-    from edgespec.exporters.check import _check_shared_kv
+    from edgespec.exporters.check import check_shared_kv
     from edgespec.training.features import Features
     from edgespec.training.train import load_checkpoint
 
     head, meta = load_checkpoint(ckpt)
-    r = _check_shared_kv(head, meta, AssistantFile(exported), exported, Features(features), 4, 12, 8)
+    r = check_shared_kv(head, meta, AssistantFile(exported), exported, Features(features), 4, 12, 8)
     r["runtime"] = "numpy, as llama.cpp's gemma4-assistant graph computes"
     return r

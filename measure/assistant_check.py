@@ -67,7 +67,7 @@ def assistant_in_llama_server(target: str, head_gguf: str | Path, prompts: list[
     """server: the llama-server binary (`llama-server` for stock llama.cpp, whose gemma3 graph
     hands the drafter no hidden state: its acceptance then falls apart from the replay's)."""
     from edgespec.exporters.gemma4_assistant import AssistantFile
-    from edgespec.measure.eagle3_check import _tok_s, greedy_runs
+    from edgespec.measure.eagle3_check import tok_s, greedy_runs
     from edgespec.runtime.llama_target import LlamaTarget
     from edgespec.targets import embedding_rows
 
@@ -92,7 +92,7 @@ def assistant_in_llama_server(target: str, head_gguf: str | Path, prompts: list[
                         "edgespec_drafted": walk["drafted"], "edgespec_accepted": walk["accepted"],
                         "edgespec_acceptance": walk["acceptance"], "unsure_drafts": walk["unsure_drafts"],
                         "same_text_as_plain": spec["token_ids"] == plain["token_ids"],
-                        "tok_s_plain": _tok_s(plain), "tok_s_mtp": _tok_s(spec)})
+                        "tok_s_plain": tok_s(plain), "tok_s_mtp": tok_s(spec)})
     finally:
         eng.close()
 

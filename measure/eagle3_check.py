@@ -20,7 +20,7 @@ from edgespec.errors import EdgespecError
 from edgespec.measure.peers import LlamaServer, server_configs
 
 
-def _tok_s(row: dict) -> float | None:
+def tok_s(row: dict) -> float | None:
     """A request's generation speed (None where it generated nothing: an immediate end)."""
     return round(row["tokens"] / row["decode_s"], 2) if row["tokens"] and row["decode_s"] > 0 else None
 
@@ -81,7 +81,7 @@ def _check(eng, target, head, draft_ids, info, head_gguf, prompts, n_predict, n_
                     "edgespec_drafted": walk["drafted"], "edgespec_accepted": walk["accepted"],
                     "edgespec_acceptance": walk["acceptance"],
                     "same_text_as_plain": spec["token_ids"] == plain["token_ids"],
-                    "tok_s_plain": _tok_s(plain), "tok_s_eagle3": _tok_s(spec)})
+                    "tok_s_plain": tok_s(plain), "tok_s_eagle3": tok_s(spec)})
 
     def total(key):
         return sum(r[key] for r in per)

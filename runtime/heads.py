@@ -26,11 +26,11 @@ def _rms(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * (1.0 + w)
 
 
-def _gelu_tanh(x):
+def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
 
 
-def _rope(x, pos, base):
+def rope_turn(x, pos, base):
     """x [T, H, D], pos [T] -> rotate-half RoPE."""
     d = x.shape[-1]
     inv = 1.0 / base ** (np.arange(0, d, 2, dtype=np.float32) / d)
@@ -59,7 +59,7 @@ def _block_out(x, a, w, t, p: str, eps: float):
     residual, then the GeGLU FFN with its pre and post norms and residual."""
     x = x + _rms(a @ t[p + "o.weight"], w[p + "post_attn_norm.weight"], eps)
     h = _rms(x, w[p + "pre_ffn_norm.weight"], eps)
-    f = (_gelu_tanh(h @ t[p + "gate.weight"]) * (h @ t[p + "up.weight"])) @ t[p + "down.weight"]
+    f = (gelu_tanh(h @ t[p + "gate.weight"]) * (h @ t[p + "up.weight"])) @ t[p + "down.weight"]
     return x + _rms(f, w[p + "post_ffn_norm.weight"], eps)
 
 
@@ -97,7 +97,7 @@ class NumpyHead:
         q = _rms((h @ t[p + "q.weight"]).reshape(-1, nh, hd), w[p + "q_norm.weight"], c.rms_eps)
         k = _rms((h @ t[p + "k.weight"]).reshape(-1, nkv, hd), w[p + "k_norm.weight"], c.rms_eps)
         v = (h @ t[p + "v.weight"]).reshape(-1, nkv, hd)
-        q, k = _rope(q, pos, base), _rope(k, pos, base)
+        q, k = rope_turn(q, pos, base), rope_turn(k, pos, base)
         K, V = np.concatenate([ck, k]), np.concatenate([cv, v])
         kpos = np.arange(pos[-1] - len(K) + 1, pos[-1] + 1)
         mask = kpos[None, :] <= pos[:, None]
@@ -237,8 +237,8 @@ class Eagle3NumpyHead:
                             self._norm(g, "hidden_norm.weight")], -1)
         nh, nkv, hd = c.n_head, c.n_head_kv, c.head_dim
         pos = np.arange(pos0, pos0 + len(x))
-        q = _rope((x @ t["q.weight"]).reshape(-1, nh, hd), pos, c.rope_base)
-        k = _rope((x @ t["k.weight"]).reshape(-1, nkv, hd), pos, c.rope_base)
+        q = rope_turn((x @ t["q.weight"]).reshape(-1, nh, hd), pos, c.rope_base)
+        k = rope_turn((x @ t["k.weight"]).reshape(-1, nkv, hd), pos, c.rope_base)
         v = (x @ t["v.weight"]).reshape(-1, nkv, hd)
         ck, cv = cache if cache else (self.k, self.v)
         K, V = np.concatenate([ck, k]), np.concatenate([cv, v])
@@ -302,7 +302,7 @@ class SharedKVNumpyHead:
             K, V = keys[i], values[i]
             h = _rms(x, w[p + "input_norm.weight"], c.rms_eps)
             q = _rms((h @ t[p + "q.weight"]).reshape(-1, nh, hd), w[p + "q_norm.weight"], c.rms_eps)
-            q = _rope(q, pos, c.rope_base_local if sliding else c.rope_base_global)
+            q = rope_turn(q, pos, c.rope_base_local if sliding else c.rope_base_global)
             x = _block_out(x, _attend(q, K, V, c.scale), w, t, p, c.rms_eps)
         return _rms(x, w["out_norm.weight"], c.rms_eps) @ t["post_proj.weight"]
 

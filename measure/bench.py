@@ -202,6 +202,8 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     if peers:
         server_round()
     report = summarize(results, sp.greedy)
+    if sp.greedy and "plain" in engines:
+        why_texts_differ(report, results, ids, engines["plain"])
     report["second_turn"] = summarize_turns(turns)
     if peers:
         report["peers"] = peer_report(server_rounds, results, sp.greedy)
@@ -221,6 +223,19 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     if device:
         report["device"] = device
     return report
+
+
+def why_texts_differ(report: dict, results: dict, ids: list[list[int]], plain) -> None:
+    """For each greedy method of edgespec's own engine, why its text leaves the reference's
+    where it does (measure/divergence.py: batch numerics or the LM head), on the plain engine."""
+    from edgespec.measure.divergence import Diagnosis
+
+    diag = Diagnosis(plain)
+    refs = [r["token_ids"] for r in results["target"].per_prompt]
+    for name, res in results.items():
+        if res.method.engine == "main":
+            report["methods"][name]["divergence"] = diag.summary(
+                ids, refs, [r["token_ids"] for r in res.per_prompt])
 
 
 # A CPU hog that spins only while the bench that started it lives: a bench killed before its
@@ -449,6 +464,12 @@ def format_table(report: dict) -> str:
         lines.append("speedup by kind (median): " + "; ".join(
             f"{name}: " + ", ".join(f"{k} {m['by_kind'][k]['speedup']:.2f}x" for k in kinds if k in m["by_kind"])
             for name, m in report["methods"].items() if name != "target"))
+    why = [(name, m["divergence"]) for name, m in report["methods"].items() if "divergence" in m]
+    if why:
+        lines.append("why text differs from target (prompts): " + "; ".join(
+            f"{name}: " + ", ".join(f"{k} {v}" for k, v in d["counts"].items())
+            + (f", median margin {d['median_margin']:.3f}" if d["median_margin"] is not None else "")
+            for name, d in why))
     src = [(name, m["by_source"]) for name, m in report["methods"].items()
            if len(m.get("by_source", {})) > 1]
     if src:

@@ -119,6 +119,12 @@ def test_generate_with_default_head_and_bench(tmp_path):
     pol = {m["name"]: m["policy"] for m in rep["settings"]["methods"]}
     assert pol["lookup"] == pol["edgespec"] == "cost" and pol["lookup:fixed"] == "fixed"
     assert "rank-256 search" in rep["target"]["lm_head_type"]
+    # every greedy method of the low-rank engine says, per prompt, why its text differs (if it does)
+    for name in ("target:lowrank", "lookup", "lookup:fixed", "edgespec"):
+        why = rep["methods"][name]["divergence"]
+        assert sum(why["counts"].values()) == 2 and len(why["per_prompt"]) == 2
+        assert set(why["counts"]) <= {"same", "batch numerics", "lm head", "length", "reference not reproduced"}
+    assert "divergence" not in rep["methods"]["target"]
     mem = rep["memory"]  # each configuration in its own process, against plain llama.cpp's
     assert mem["plain_llama_cpp_peak_rss_mb"] > 100
     assert set(mem["methods"]) == {"target:lowrank", "lookup", "lookup:fixed", "edgespec"}

@@ -316,7 +316,7 @@ def _cmd_chat(args) -> int:
     spec = SpecConfig.from_args(args)
     engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads,
                          lm_head=spec.lm_head, draft=spec.draft)
-    session = ChatSession(engine, make_drafter(spec.draft, engine.spec), spec,
+    session = ChatSession(engine, make_drafter(spec.draft, engine.spec, kv=engine.can_hand_kv()), spec,
                           max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     mode = "chat template" if engine.spec.chat_template else "plain continuation (base model)"
     print(f"edgespec chat: {engine.spec.name}, {mode}, draft: {args.draft}. "

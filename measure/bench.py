@@ -151,7 +151,8 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     for m in methods:
         if m.kind != "target":
             m.k = SpecConfig(k=m.k, policy=m.policy).draft_k(engine, sp.greedy)
-    drafters = {m.name: make_drafter(m.draft_name, engine.spec) for m in methods if m.kind != "target"}
+    drafters = {m.name: make_drafter(m.draft_name, engine.spec, kv=engine.can_hand_kv())
+                for m in methods if m.kind != "target"}
     engines = {"main": engine}
     own_head = ("lowrank" if engine.lowrank and sp.greedy else
                 "batched" if engine.batched_head is not None else None)

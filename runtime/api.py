@@ -55,7 +55,7 @@ class SpeculativeLlama:
             model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head,
             flash_attn=flash_attn, draft=draft)
         self.model_path = str(self.engine.model_file if self.engine is model_path else model_path)
-        self.drafter = make_drafter(draft, self.engine.spec)
+        self.drafter = make_drafter(draft, self.engine.spec, kv=self.engine.can_hand_kv())
         self.seed = seed or LLAMA_DEFAULT_SEED  # as llama_cpp.Llama keeps it (0 too)
         self.last_n_tokens_size = last_n_tokens_size
         self.verbose = verbose

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.formats import BASIS_NAME, GGUF_FINGERPRINT
+from edgespec.runtime.formats import BASIS_NAME, GGUF_FINGERPRINT, GGUF_SHARED_KV_ARCH, gguf_architecture
 
 HEADS_DIR = Path(__file__).resolve().parent / "heads"
 
@@ -29,14 +29,35 @@ def head_fingerprint(path: Path) -> str | None:
     return None
 
 
-def default_head(spec) -> Path:
+def file_reads_kv(path: Path) -> bool:
+    """Whether a head file (GGUF or ONNX) is a shared-KV head's: one that reads the target's
+    keys and values, which only some engines can hand it (`Engine.can_hand_kv`)."""
+    if path.suffix == ".gguf":
+        return gguf_architecture(path) == GGUF_SHARED_KV_ARCH
+    if path.suffix == ".onnx":
+        from edgespec.runtime.heads import onnx_head_arch
+
+        return onnx_head_arch(path) == "shared-kv"
+    return False
+
+
+def default_head(spec, kv: bool = True) -> Path:
     """The head shipped for this target: a file under runtime/heads/*/ whose fingerprint
-    matches; the ONNX export first (its int8 draft step is the fastest measured), else GGUF."""
+    matches. A shared-KV head first where `kv` (the engine can hand it the target's keys and
+    values: llama.cpp, one sequence), otherwise a head that reads hidden states alone; of each,
+    the ONNX export first (its int8 draft step is the fastest measured), else GGUF."""
+    found = []
     if HEADS_DIR.is_dir():
         for d in sorted(HEADS_DIR.iterdir()):
             for f in sorted(d.glob("*.onnx")) + sorted(d.glob("*.gguf")):
                 if head_fingerprint(f) == spec.tokenizer_fingerprint:
-                    return f
+                    found.append((not file_reads_kv(f), f))
+    usable = [(rank, f) for rank, f in found if kv or rank]  # rank False: a shared-KV head
+    if usable:
+        return min(usable, key=lambda x: x[0])[1]  # stable: ONNX before GGUF within a kind
+    if found:
+        raise EdgespecError(f"the head shipped for target {spec.name} reads the target's keys and "
+                            "values, which this engine cannot hand it; run the target on llama.cpp")
     raise EdgespecError(f"no default head ships for target {spec.name}; train one with "
                         "`edgespec train` and pass its folder to --draft")
 

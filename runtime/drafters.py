@@ -16,11 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.errors import EdgespecError
-from edgespec.runtime.assets import default_head
+from edgespec.runtime.assets import default_head, file_reads_kv
 from edgespec.runtime.decoding import Draft, Drafter, Limit
-from edgespec.runtime.formats import (CKPT_WEIGHTS, GGUF_SHARED_KV_ARCH, gguf_architecture, head_arch,
-                                      read_checkpoint_config)
-from edgespec.runtime.heads import load_head, onnx_head_arch
+from edgespec.runtime.formats import CKPT_WEIGHTS, head_arch, read_checkpoint_config
+from edgespec.runtime.heads import load_head
 from edgespec.runtime.sampling import SamplingParams, chain
 from edgespec.targets import embedding_rows
 
@@ -401,11 +400,12 @@ class MixedDrafter(Drafter):
         return self.single.propose(context, None, k, limit=limit)
 
 
-def make_drafter(draft: str | None, spec):
+def make_drafter(draft: str | None, spec, kv: bool = False):
     """A drafter from its command-line name: None/"none" (target only), "lookup" (prompt
     lookup), "default" (the head shipped for the target, mixed with prompt lookup), a head file
     or checkpoint folder (mixed with prompt lookup), or "head:default" / "head:PATH" for the
-    head alone."""
+    head alone. `kv`: the engine can hand a head the target's keys and values
+    (`Engine.can_hand_kv`), so "default" may be the shipped shared-KV head."""
     if draft in (None, "", "none"):
         return None
     if draft == "lookup":
@@ -413,7 +413,10 @@ def make_drafter(draft: str | None, spec):
     alone = draft.startswith("head:")
     name = draft[len("head:"):] if alone else draft
     if name == "default":
-        head = HeadDrafter(default_head(spec), spec)
+        path = default_head(spec, kv)
+        # its own source name: estimates learned for the one head never steer the other
+        head = (SharedKVDrafter(path, spec, source="head-kv") if file_reads_kv(path)
+                else HeadDrafter(path, spec))
     else:  # its own name: estimates learned for one head never steer another
         where = str(Path(name).resolve()).encode()
         kind = SharedKVDrafter if reads_kv(name) else HeadDrafter
@@ -434,10 +437,8 @@ def reads_kv(draft: str | None) -> bool:
         return False
     name = draft[len("head:"):] if draft.startswith("head:") else draft
     p = Path(name).expanduser()
-    if p.is_file() and p.suffix == ".gguf":
-        return gguf_architecture(p) == GGUF_SHARED_KV_ARCH
-    if p.is_file() and p.suffix == ".onnx":
-        return onnx_head_arch(p) == "shared-kv"
+    if p.is_file():
+        return file_reads_kv(p)
     if not p.is_dir() or not (p / CKPT_WEIGHTS).exists():
         return False
     return head_arch(read_checkpoint_config(p).get("head") or {}) == "shared-kv"

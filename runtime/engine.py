@@ -89,6 +89,10 @@ class Engine:
             raise EdgespecError("this engine cannot read the layer inputs an EAGLE-3 head needs; "
                                 "run it on a llama.cpp target")
 
+    def can_hand_kv(self) -> bool:
+        """Whether `set_kv_layers` works here: a shared-KV head can draft on this engine."""
+        return False
+
     def set_kv_layers(self, layers: tuple[int, ...] = ()) -> None:
         """Hidden-state reads also carry these layers' keys and values (shared-KV heads)."""
         if tuple(layers):

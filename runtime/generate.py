@@ -80,7 +80,7 @@ def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = target if isinstance(target, Engine) else open_target(
         target, n_ctx=n_ctx, n_threads=n_threads, lm_head=spec.lm_head, draft=spec.draft)
-    drafter = make_drafter(spec.draft, engine.spec)
+    drafter = make_drafter(spec.draft, engine.spec, kv=engine.can_hand_kv())
     ids = engine.tokenize(prompt)
 
     def run(d) -> Generation:

@@ -571,6 +571,9 @@ class LlamaTarget(LlamaVocab, Engine):
             set_(self._ctx, i, True)
         self.feature_layers = layers
 
+    def can_hand_kv(self) -> bool:
+        return self._cb is not None  # the probe reads the keys and values
+
     def set_kv_layers(self, layers: tuple[int, ...] = ()) -> None:
         """From now on every hidden-state read (`decode(hidden=True)`, `hidden_states`) also
         carries the keys and values of these layers, as the cache holds them (keys after the

@@ -60,6 +60,36 @@ def test_no_default_head_for_an_unknown_target():
         default_head(SimpleNamespace(tokenizer_fingerprint="0000", name="other"))
 
 
+def test_the_default_head_reads_the_targets_keys_only_where_the_engine_can_hand_them(tmp_path, monkeypatch):
+    """Where a shared-KV head ships, "default" is it on an engine that can hand it the target's
+    keys and values, and the head that reads hidden states alone on any other; a target whose
+    only shipped head is shared-KV is refused in one line on such an engine."""
+    from types import SimpleNamespace
+
+    from edgespec.errors import EdgespecError
+    from edgespec.runtime import assets
+
+    kv_heads = [f for f in sorted(assets.HEADS_DIR.glob("*/*")) if assets.file_reads_kv(f)]
+    assert kv_heads  # Gemma 3 270M's ships
+    for f in kv_heads:
+        spec = SimpleNamespace(tokenizer_fingerprint=assets.head_fingerprint(f), name=f.parent.name)
+        assert assets.file_reads_kv(assets.default_head(spec))
+        assert assets.default_head(spec).suffix == ".onnx"  # the faster draft step first
+        other = assets.default_head(spec, kv=False)
+        assert not assets.file_reads_kv(other) and assets.head_fingerprint(other) == spec.tokenizer_fingerprint
+    for f in sorted(assets.HEADS_DIR.glob("*/head-int8.onnx")):  # a target without one: as before
+        spec = SimpleNamespace(tokenizer_fingerprint=assets.head_fingerprint(f), name=f.parent.name)
+        if not any(assets.head_fingerprint(k) == spec.tokenizer_fingerprint for k in kv_heads):
+            assert assets.default_head(spec) == assets.default_head(spec, kv=False) == f
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / kv_heads[0].name).symlink_to(kv_heads[0])
+    monkeypatch.setattr(assets, "HEADS_DIR", tmp_path)
+    spec = SimpleNamespace(tokenizer_fingerprint=assets.head_fingerprint(kv_heads[0]), name="t")
+    assert assets.default_head(spec) == tmp_path / "t" / kv_heads[0].name
+    with pytest.raises(EdgespecError, match="cannot hand it; run the target on llama.cpp"):
+        assets.default_head(spec, kv=False)
+
+
 def test_drafters_ask_the_policy_before_drafting():
     """A source the policy holds at zero drafts nothing (no head steps computed), while its
     rows still reach the head the next time it may draft."""

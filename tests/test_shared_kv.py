@@ -295,10 +295,12 @@ def test_shared_kv_drafter_holds_the_keys_the_cache_holds(tmp_path, monkeypatch,
     # its weights are random), so passes keep some rows and roll others back
     prompt = eng.tokenize("Write a list of fruit, one per line: apple, pear, plum. A list of fruit:")
     try:
-        gen = Generation(eng, prompt, sp, max_tokens=48, drafter=drafter, policy=FixedK(3))
-        list(gen)
+        # target-only first: the cache then holds the drafted run's text, which the next call
+        # extends (sampled, the two texts may part where a draw moves with the batch)
         base = Generation(eng, prompt, sp, max_tokens=48, policy=FixedK(0))
         list(base)
+        gen = Generation(eng, prompt, sp, max_tokens=48, drafter=drafter, policy=FixedK(3))
+        list(gen)
         if sp.greedy:  # (sampled text keeps the target's law; its rows' rounding moves with
             assert gen.token_ids == base.token_ids  # the batch, and so do some draws)
         st = gen.stats
@@ -364,6 +366,28 @@ def test_shared_kv_head_runs_from_the_command_line_and_refuses_clearly(tmp_path,
     g = generate("gemma3-270m", "The capital of France is", max_tokens=12, n_ctx=256,
                  spec=SpecConfig(draft=f"head:{tmp_path / 'h.gguf'}", lm_head="full", k=2, policy="fixed"))
     assert g.stats.drafted > 0 and g.token_ids == r.token_ids
+
+
+@pytest.mark.integration
+def test_the_default_drafter_on_gemma_is_the_shipped_shared_kv_head_where_it_can_be_fed(tmp_path, monkeypatch):
+    """The drop-in's default drafter on Gemma 3 270M is the shipped shared-KV head (its own
+    policy source) mixed with lookup, drafting from the rows the verify passes hand it; the
+    batched server's slots, which cannot hand keys over, get the shipped hidden-state head."""
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
+    from edgespec.runtime.api import SpeculativeLlama
+    from edgespec.runtime.drafters import MixedDrafter, SharedKVDrafter
+    from edgespec.runtime.server import open_slots
+    from edgespec.runtime.spec import SpecConfig
+
+    llm = SpeculativeLlama("gemma3-270m", n_ctx=512, k=3, policy="fixed", lm_head="full")
+    assert isinstance(llm.drafter, MixedDrafter) and isinstance(llm.drafter.head, SharedKVDrafter)
+    head = llm.drafter.head
+    assert head.source == "head-kv"
+    prompt = "def area(width, height):\n    \"\"\"Return the area of a rectangle.\"\"\"\n"
+    out = llm.create_completion(prompt, max_tokens=32, temperature=0)
+    assert out["choices"][0]["text"] and llm.last_stats["by_source"].get("head-kv", [0, 0])[1] > 0
+    slots, _ = open_slots("gemma3-270m", SpecConfig(draft="default"), 2, 256, None)
+    assert all(type(s.drafter.head).__name__ == "HeadDrafter" for s in slots)
 
 
 def test_shared_kv_head_exports_to_gguf_and_onnx_and_checks_against_the_trained_head(tiny_kv):

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Stage 2 of the long shared-KV run: the finished head of scripts/long_run.sh (6,000 steps on
+# 1,500 standard-library passages, which it overfits: agreement ~0.85 on its training samples,
+# 0.61 at position 1 on held-out ones) continued on more data of the same kind.
+#   scripts/long_run_more.sh runs/long-more     (rerun the same command on any machine: it continues)
+# Recipe (fixed: the carried state is only valid for it): the first N_PROMPTS (default 5,000)
+# of the same seeded shuffle of standard-library passages, so the stage-1 passages are its first
+# 1,500 and every data index keeps its train/held-out side (no held-out passage of either stage
+# was trained on); first 256 tokens each, no generation; one int4 extraction with the keys and
+# values of layers 16 and 17; `train --arch shared-kv --init-from` the stage-1 head (its weights
+# and draft vocabulary, fresh optimizer and schedule) for STEPS steps (default 6000), a
+# checkpoint every 200 steps, each also written to carry/gemma3-270m-shared-kv-more. Only the
+# first start needs the stage-1 head (scripts/long_run.sh re-makes it from its own carried
+# state); once this stage carries a step, a fresh machine re-makes the features and resumes.
+# When the run is done: eval-head on the folder's held-out samples (its JSON beside the run).
+set -euo pipefail
+out=${1:?run folder}; steps=${STEPS:-6000}; n=${N_PROMPTS:-5000}; target=gemma3-270m
+carry=${CARRY:-carry/gemma3-270m-shared-kv-more}
+stage1=${STAGE1:-runs/long}
+es=.venv/bin/edgespec
+mkdir -p "$out"
+done_() { [ -f "$1/manifest.json" ] && grep -q '"complete": true' "$1/manifest.json"; }
+resume=()
+if [ -f "$carry/carry.json" ] || [ -f "$out/head/train_state.pt" ]; then
+    resume=(--resume)
+else
+    [ -f "$stage1/head/config.json" ] || scripts/long_run.sh "$stage1"
+fi
+done_ "$out/data" || $es data --target $target --out "$out/data" --prompts stdlib \
+    --new-tokens 0 --text-tokens 256 --n-prompts "$n" --seed 5
+done_ "$out/feat-kv" || $es extract --target $target --data "$out/data" --out "$out/feat-kv" \
+    --dtype int4 --n-batch 256 --kv
+$es train --target $target --features "$out/feat-kv" --out "$out/head" --steps "$steps" --seed 0 \
+    --arch shared-kv --init-from "$stage1/head" --optimizer muon --save-every 200 \
+    --carry "$carry" "${resume[@]}"
+[ -s "$out/head.eval.json" ] || { $es eval-head "$out/head" --features "$out/feat-kv" --json \
+    > "$out/head.eval.tmp" && mv "$out/head.eval.tmp" "$out/head.eval.json"; }

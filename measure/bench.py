@@ -112,7 +112,7 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     adds stock llama-server's plain decoding and its own speculation on the same prompt tokens
     (see `measure.peers`), one round before the interleaved runs and one after."""
     from edgespec.runtime.decoding import Generation
-    from edgespec.runtime.drafters import make_drafter
+    from edgespec.runtime.drafters import default_reads_kv, make_drafter
     from edgespec.runtime.generate import open_target
     from edgespec.runtime.sampling import SamplingParams
     from edgespec.runtime.spec import SpecConfig
@@ -151,7 +151,7 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     for m in methods:
         if m.kind != "target":
             m.k = SpecConfig(k=m.k, policy=m.policy).draft_k(engine, sp.greedy)
-    drafters = {m.name: make_drafter(m.draft_name, engine.spec, kv=engine.can_hand_kv())
+    drafters = {m.name: make_drafter(m.draft_name, engine.spec, kv=default_reads_kv(engine))
                 for m in methods if m.kind != "target"}
     engines = {"main": engine}
     own_head = ("lowrank" if engine.lowrank and sp.greedy else

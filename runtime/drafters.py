@@ -424,6 +424,17 @@ def make_drafter(draft: str | None, spec, kv: bool = False):
     return head if alone else MixedDrafter(head)
 
 
+def default_reads_kv(engine) -> bool:
+    """Whether "default" may be the shipped shared-KV head on `engine`: one that can hand it the
+    target's keys and values and verifies through an LM head of edgespec's own (low-rank or
+    batched). On llama.cpp's own full LM head greedy text can be plain decoding's bit for bit
+    (docs/design.md), which a head reading every prompt row would give up (the rows it asks
+    for change llama.cpp's numbers), so there the default keeps the hidden-state head."""
+    own_head = (getattr(engine, "lowrank_head", None) is not None
+                or getattr(engine, "batched_head", None) is not None)
+    return engine.can_hand_kv() and own_head
+
+
 def reads_hidden(draft: str | None) -> bool:
     """Whether the drafter named `draft` reads the target's hidden states (a head: anything but
     none and prompt lookup)."""

@@ -372,14 +372,15 @@ def test_shared_kv_head_runs_from_the_command_line_and_refuses_clearly(tmp_path,
 def test_the_default_drafter_on_gemma_is_the_shipped_shared_kv_head_where_it_can_be_fed(tmp_path, monkeypatch):
     """The drop-in's default drafter on Gemma 3 270M is the shipped shared-KV head (its own
     policy source) mixed with lookup, drafting from the rows the verify passes hand it; the
-    batched server's slots, which cannot hand keys over, get the shipped hidden-state head."""
+    batched server's slots, which cannot hand keys over, and llama.cpp's own full LM head, where
+    greedy text can be bit-exact, get the shipped hidden-state head."""
     monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "cache"))
     from edgespec.runtime.api import SpeculativeLlama
     from edgespec.runtime.drafters import MixedDrafter, SharedKVDrafter
     from edgespec.runtime.server import open_slots
     from edgespec.runtime.spec import SpecConfig
 
-    llm = SpeculativeLlama("gemma3-270m", n_ctx=512, k=3, policy="fixed", lm_head="full")
+    llm = SpeculativeLlama("gemma3-270m", n_ctx=512, k=3, policy="fixed")
     assert isinstance(llm.drafter, MixedDrafter) and isinstance(llm.drafter.head, SharedKVDrafter)
     head = llm.drafter.head
     assert head.source == "head-kv"
@@ -388,6 +389,9 @@ def test_the_default_drafter_on_gemma_is_the_shipped_shared_kv_head_where_it_can
     assert out["choices"][0]["text"] and llm.last_stats["by_source"].get("head-kv", [0, 0])[1] > 0
     slots, _ = open_slots("gemma3-270m", SpecConfig(draft="default"), 2, 256, None)
     assert all(type(s.drafter.head).__name__ == "HeadDrafter" for s in slots)
+    # on llama.cpp's own full LM head, where greedy text can be bit-exact, it keeps the other head
+    full = SpeculativeLlama("gemma3-270m", n_ctx=256, lm_head="full")
+    assert type(full.drafter.head).__name__ == "HeadDrafter" and full.drafter.head.source == "head"
 
 
 def test_shared_kv_head_exports_to_gguf_and_onnx_and_checks_against_the_trained_head(tiny_kv):

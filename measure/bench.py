@@ -204,7 +204,7 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
         server_round()
     report = summarize(results, sp.greedy)
     if sp.greedy and "plain" in engines:
-        why_texts_differ(report, results, ids, engines["plain"])
+        why_texts_differ(report, results, ids, engines["plain"], getattr(engine, "lowrank_head", None))
     report["second_turn"] = summarize_turns(turns)
     if peers:
         report["peers"] = peer_report(server_rounds, results, sp.greedy)
@@ -226,12 +226,13 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     return report
 
 
-def why_texts_differ(report: dict, results: dict, ids: list[list[int]], plain) -> None:
+def why_texts_differ(report: dict, results: dict, ids: list[list[int]], plain, lowrank=None) -> None:
     """For each greedy method of edgespec's own engine, why its text leaves the reference's
-    where it does (measure/divergence.py: batch numerics or the LM head), on the plain engine."""
+    where it does (measure/divergence.py: batch numerics or the LM head, and with the engine's
+    low-rank head what its search did there), on the plain engine."""
     from edgespec.measure.divergence import Diagnosis
 
-    diag = Diagnosis(plain)
+    diag = Diagnosis(plain, lowrank)
     refs = [r["token_ids"] for r in results["target"].per_prompt]
     for name, res in results.items():
         if res.method.engine == "main":
@@ -470,6 +471,8 @@ def format_table(report: dict) -> str:
         lines.append("why text differs from target (prompts): " + "; ".join(
             f"{name}: " + ", ".join(f"{k} {v}" for k, v in d["counts"].items())
             + (f", median margin {d['median_margin']:.3f}" if d["median_margin"] is not None else "")
+            + (" (lm head: " + ", ".join(f"{k} {v}" for k, v in d["lm_head_search"].items()) + ")"
+               if d.get("lm_head_search") else "")
             for name, d in why))
     src = [(name, m["by_source"]) for name, m in report["methods"].items()
            if len(m.get("by_source", {})) > 1]

@@ -17,6 +17,14 @@ If some split's argmax is the run's token, the full LM head itself picks it in a
 shape: "batch numerics". If no split picks it, the full head picks the reference's token (or
 another) in every shape tried, so the run's token came from its own LM head (the low-rank
 search): "lm head". A run that stopped where the other went on is "length".
+
+Given the run's low-rank LM head, an "lm head" departure says more (`lowrank`): the low-rank
+search run on the reference row's own hidden state (the one-token decode's) either leaves the
+reference's token out of its candidates ("reference not a candidate": a wider search or a
+certificate would catch it), or keeps it and still picks another token ("rescored to another":
+the candidates' exact logits differ from llama.cpp's), or picks the reference's token ("picks the
+reference here": the run's hidden state at that position was not the one-token decode's, through
+the batches its cache was filled in).
 """
 
 from __future__ import annotations
@@ -40,11 +48,12 @@ class Diagnosis:
     head (the bench's plain engine), caching each context's rows (several methods often part
     from the reference at the same place)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, lowrank=None):
         self.engine = engine
-        self._rows: dict[tuple, tuple[np.ndarray, dict[int, int]]] = {}
+        self.lowrank = lowrank  # the runs' low-rank LM head (runtime/lowrank.py), if they had one
+        self._rows: dict[tuple, tuple[np.ndarray, dict[int, int], dict]] = {}
 
-    def _context_rows(self, ids: list[int], ref: list[int], p: int) -> tuple[np.ndarray, dict[int, int]]:
+    def _context_rows(self, ids: list[int], ref: list[int], p: int) -> tuple[np.ndarray, dict[int, int], dict]:
         key = (tuple(ids), tuple(ref[:p]))
         if key not in self._rows:
             eng = self.engine
@@ -62,8 +71,15 @@ class Diagnosis:
                 eng.truncate(len(ctx) - j)
                 logits, _ = eng.decode(ctx[-j:], all_logits=True)
                 picks[j] = int(np.argmax(logits[-1]))
+            search = {}
+            if self.lowrank is not None:  # the search on the one-token row's hidden state
+                eng.truncate(len(ctx) - 1)
+                _, hid = eng.decode(ctx[-1:], hidden=True)
+                h = np.ascontiguousarray(hid[-1:], dtype=np.float32)
+                search = {"candidates": {int(c) for c in np.asarray(self.lowrank.candidates(h))[0]},
+                          "pick": int(np.argmax(self.lowrank.top_logits(h)[0]))}
             eng.reset()
-            self._rows[key] = (row, picks)
+            self._rows[key] = (row, picks, search)
         return self._rows[key]
 
     def explain(self, ids: list[int], ref: list[int], out: list[int]) -> dict | None:
@@ -74,7 +90,7 @@ class Diagnosis:
             return None
         if p >= len(out) or p >= len(ref):
             return {"at": p, "why": "length"}
-        row, picks = self._context_rows(ids, ref, p)
+        row, picks, search = self._context_rows(ids, ref, p)
         r, o = int(ref[p]), int(out[p])
         d = {"at": p, "reference_token": r, "run_token": o,
              "margin": round(float(row[r] - row[o]), 4),
@@ -85,6 +101,10 @@ class Diagnosis:
             d["why"] = "batch numerics"
         else:
             d["why"] = "lm head"
+            if search:
+                d["search"] = ("reference not a candidate" if r not in search["candidates"] else
+                               "picks the reference here" if search["pick"] == r else
+                               "rescored to another")
         return d
 
     def summary(self, prompts: list[list[int]], refs: list[list[int]], outs: list[list[int]]) -> dict:
@@ -95,6 +115,10 @@ class Diagnosis:
             if d is not None:
                 counts[d["why"]] = counts.get(d["why"], 0) + 1
         margins = [d["margin"] for d in per if d is not None and "margin" in d]
-        return {"counts": counts,
+        search: dict[str, int] = {}
+        for d in per:
+            if d is not None and "search" in d:
+                search[d["search"]] = search.get(d["search"], 0) + 1
+        return {"counts": counts, "lm_head_search": search,
                 "median_margin": round(statistics.median(margins), 4) if margins else None,
                 "per_prompt": per}

@@ -69,3 +69,40 @@ def test_no_batch_effect_means_lm_head():
     ref = greedy(t, ids, 8)
     out = ref[:2] + [(ref[2] + 1) % 12] + ref[3:]
     assert Diagnosis(t).explain(ids, ref, out)["why"] == "lm head"
+
+
+class FixedSearch:
+    """A low-rank head stand-in: a fixed candidate set and a fixed pick, whatever the row."""
+
+    def __init__(self, candidates, pick, vocab=12):
+        self.cands, self.pick, self.vocab = list(candidates), pick, vocab
+        self.rows = 0
+
+    def candidates(self, hidden):
+        self.rows += len(hidden)
+        return np.array([self.cands] * len(hidden))
+
+    def top_logits(self, hidden):
+        out = np.full((len(hidden), self.vocab), -np.inf, np.float32)
+        out[:, self.pick] = 1.0
+        return out
+
+
+def test_an_lm_head_departure_says_what_the_search_did_on_the_reference_row():
+    """Given the runs' low-rank head, an "lm head" departure says whether the reference's token
+    was outside the search's candidates, inside and rescored to another, or picked on the
+    one-token row (the run's own row differed); other causes carry no search."""
+    t = BatchFlip(flip_at=10**6, vocab=12, seed=4)
+    ids = [2, 7]
+    ref = greedy(t, ids, 8)
+    other = (ref[2] + 1) % 12
+    out = ref[:2] + [other] + ref[3:]
+    rest = [x for x in range(12) if x != ref[2]]
+    cases = {"reference not a candidate": FixedSearch(rest[:4], other),
+             "rescored to another": FixedSearch([ref[2], other], other),
+             "picks the reference here": FixedSearch([ref[2], other], ref[2])}
+    for want, search in cases.items():
+        s = Diagnosis(t, search).summary([ids] * 2, [ref] * 2, [out, ref])
+        assert s["per_prompt"][0]["why"] == "lm head" and s["per_prompt"][0]["search"] == want
+        assert s["lm_head_search"] == {want: 1} and search.rows == 1
+    assert Diagnosis(t).summary([ids], [ref], [out])["lm_head_search"] == {}

@@ -51,6 +51,7 @@ def parse_methods(spec: str, drafts: list[str], k: int | None, policy: str = "co
     --draft. A `:POLICY` suffix sets that entry's draft-length policy, otherwise `policy` applies
     (to lookup as well, so lookup and the head are compared under the same policy)."""
     methods, di = [], 0
+    names = [Path(d[len("head:"):] if d.startswith("head:") else d).name for d in drafts]
     for item in [m.strip() for m in spec.split(",") if m.strip()]:
         name, _, pol = item.partition(":")
         if pol and pol not in POLICIES:
@@ -65,7 +66,10 @@ def parse_methods(spec: str, drafts: list[str], k: int | None, policy: str = "co
             draft = drafts[min(di, len(drafts) - 1)] if drafts else "default"
             di += 1
             alone = "head:" if draft.startswith("head:") else ""  # a head alone, or mixed with lookup
-            label = "edgespec" if len(drafts) <= 1 else f"edgespec[{alone}{Path(draft).name}]"
+            path = Path(draft[len(alone):])
+            # two files of one name (heads exported to the same file name) are told apart by folder
+            shown = path.name if names.count(path.name) <= 1 else f"{path.parent.name}/{path.name}"
+            label = "edgespec" if len(drafts) <= 1 else f"edgespec[{alone}{shown}]"
             if pol:
                 label += f":{pol}"
             methods.append(Method(label, "edgespec", draft=draft, k=k, policy=pol or policy))

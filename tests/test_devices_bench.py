@@ -120,6 +120,10 @@ def test_parse_methods():
     assert [m.draft_name for m in ms] == ["none", "lookup", "lookup", "default"]
     with pytest.raises(EdgespecError, match="unknown draft policy"):
         parse_methods("lookup:fastest", [], 3)
+    # heads of one file name in two folders are labelled by folder, alone or mixed
+    ms = parse_methods("edgespec,edgespec,edgespec", ["head:x/head.onnx", "y/head.onnx", "z/other.onnx"], 3)
+    assert [m.name for m in ms[1:]] == ["edgespec[head:x/head.onnx]", "edgespec[y/head.onnx]",
+                                        "edgespec[other.onnx]"]
 
 
 def _row(tokens, secs, passes, ids, kind):

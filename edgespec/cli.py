@@ -152,6 +152,7 @@ def _cmd_train(args) -> int:
 
     cfg = TrainConfig(optimizer=args.optimizer, steps=args.steps, batch=args.batch,
                       n_steps=args.unroll, draft_vocab=args.draft_vocab, lr=args.lr,
+                      muon_lr=args.muon_lr,
                       seed=args.seed, threads=args.threads or 0, save_every=args.save_every,
                       arch=args.arch, max_train_tokens=args.max_train_tokens or 0,
                       init_from=os.path.abspath(args.init_from) if args.init_from else "",
@@ -215,7 +216,11 @@ def _args_train(s) -> None:
     s.add_argument("--max-train-tokens", type=_positive_int, default=None,
                    help="train on a fixed random subset of the training samples this many tokens "
                         "large (data-scaling curves); default all")
-    s.add_argument("--lr", type=float, default=2e-3)
+    s.add_argument("--lr", type=_positive_float, default=2e-3,
+                   help="AdamW's learning rate (with Muon: for the parameters Muon does not take)")
+    s.add_argument("--muon-lr", type=_positive_float, default=0.02,
+                   help="Muon's learning rate for the weight matrices (lower it to continue a "
+                        "trained head with --init-from)")
     s.add_argument("--topk-weight", type=float, default=0.0,
                    help="add this times the cross-entropy on the target's --topk most likely "
                         "draft tokens to the forward KL (ranking-aware, HASS-style; 0: KL alone)")
@@ -696,6 +701,19 @@ def _positive_int(v: str) -> int:
 
 def _nonneg_int(v: str) -> int:
     return int_at_least(v, 0)
+
+
+def _positive_float(v: str) -> float:
+    import argparse
+    import math
+
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{v}'") from None
+    if not math.isfinite(x) or x <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {v}")
+    return x
 
 
 class _Parser(argparse.ArgumentParser):

@@ -8,7 +8,9 @@
 # 1,500 and every data index keeps its train/held-out side (no held-out passage of either stage
 # was trained on); first 256 tokens each, no generation; one int4 extraction with the keys and
 # values of layers 16 and 17; `train --arch shared-kv --init-from` the stage-1 head (its weights
-# and draft vocabulary, fresh optimizer and schedule) for STEPS steps (default 6000), a
+# and draft vocabulary, fresh optimizer and schedule) at a quarter of the default learning
+# rates (at the defaults the first 150 steps undid much of what stage 1 learned: loss 0.4-0.7
+# rose to 1.2) for STEPS steps (default 6000), a
 # checkpoint every 200 steps, each also written to carry/gemma3-270m-shared-kv-more. Only the
 # first start needs the stage-1 head (scripts/long_run.sh re-makes it from its own carried
 # state); once this stage carries a step, a fresh machine re-makes the features and resumes.
@@ -31,7 +33,8 @@ done_ "$out/data" || $es data --target $target --out "$out/data" --prompts stdli
 done_ "$out/feat-kv" || $es extract --target $target --data "$out/data" --out "$out/feat-kv" \
     --dtype int4 --n-batch 256 --kv
 $es train --target $target --features "$out/feat-kv" --out "$out/head" --steps "$steps" --seed 0 \
-    --arch shared-kv --init-from "$stage1/head" --optimizer muon --save-every 200 \
+    --arch shared-kv --init-from "$stage1/head" --optimizer muon --lr 5e-4 --muon-lr 5e-3 \
+    --save-every 200 \
     --carry "$carry" "${resume[@]}"
 [ -s "$out/head.eval.json" ] || { $es eval-head "$out/head" --features "$out/feat-kv" --json \
     > "$out/head.eval.tmp" && mv "$out/head.eval.tmp" "$out/head.eval.json"; }

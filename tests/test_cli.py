@@ -41,6 +41,10 @@ def test_bad_inputs(tmp_path):
                                 "--max-tokens", "0"), "max-tokens")
     assert_usage_error(edgespec("generate", "--target", str(good), "--prompt", "x", "-k", "0"), "-k")
     assert_usage_error(edgespec("frobnicate"), "invalid choice")
+    for flag, value in (("--lr", "0"), ("--muon-lr", "-0.01"), ("--muon-lr", "inf")):
+        assert_usage_error(edgespec("train", "--target", str(good), "--features", str(tmp_path),
+                                    "--out", str(tmp_path / "h"), flag, value), "expected a number > 0")
+    assert not (tmp_path / "h").exists()
     assert_usage_error(edgespec("export", "onnx", str(tmp_path), "--quant", "int3", "--out",
                                 str(tmp_path / "h.onnx")), "unknown --quant")
     assert_usage_error(edgespec("export", "onnx-target", str(good), "--quant", "q2", "--out",

@@ -11,6 +11,10 @@
 # < 20 MB) for committing. Data and features are deterministic, so a fresh machine re-makes them
 # and `--resume --carry` goes on from the committed step. When the run is done: eval-head on
 # the folder's held-out samples (its JSON beside the run).
+# Finished (step 6000 of 6000): its head ships as runtime/heads/gemma3-270m/shared-kv-int8.onnx
+# and its carried state left the repository with that (it is in the history at commit 80cbe62:
+# `git checkout 80cbe62 -- carry/gemma3-270m-shared-kv` brings it back, and this command then
+# re-makes the head from it); scripts/long_run_more.sh continues the head.
 set -euo pipefail
 out=${1:?run folder}; steps=${STEPS:-6000}; n=${N_PROMPTS:-1500}; target=gemma3-270m
 carry=${CARRY:-carry/gemma3-270m-shared-kv}

@@ -52,6 +52,8 @@ def default_head(spec, kv: bool = True) -> Path:
             for f in sorted(d.glob("*.onnx")) + sorted(d.glob("*.gguf")):
                 if head_fingerprint(f) == spec.tokenizer_fingerprint:
                     found.append((not file_reads_kv(f), f))
+            if found:  # one target's heads share a folder: the others need not be opened
+                break
     usable = [(rank, f) for rank, f in found if kv or rank]  # rank False: a shared-KV head
     if usable:
         return min(usable, key=lambda x: x[0])[1]  # stable: ONNX before GGUF within a kind

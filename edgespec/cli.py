@@ -314,15 +314,14 @@ def _args_serve(s) -> None:
 
 def _cmd_chat(args) -> int:
     from edgespec.runtime.chat import ChatSession
-    from edgespec.runtime.drafters import default_reads_kv, make_drafter
+    from edgespec.runtime.drafters import drafter_for
     from edgespec.runtime.generate import open_target
     from edgespec.runtime.spec import SpecConfig
 
     spec = SpecConfig.from_args(args)
     engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads,
                          lm_head=spec.lm_head, draft=spec.draft)
-    drafter = make_drafter(spec.draft, engine.spec, kv=default_reads_kv(engine))
-    session = ChatSession(engine, drafter, spec,
+    session = ChatSession(engine, drafter_for(spec.draft, engine), spec,
                           max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     mode = "chat template" if engine.spec.chat_template else "plain continuation (base model)"
     print(f"edgespec chat: {engine.spec.name}, {mode}, draft: {args.draft}. "

@@ -116,7 +116,7 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     adds stock llama-server's plain decoding and its own speculation on the same prompt tokens
     (see `measure.peers`), one round before the interleaved runs and one after."""
     from edgespec.runtime.decoding import Generation
-    from edgespec.runtime.drafters import default_reads_kv, make_drafter
+    from edgespec.runtime.drafters import drafter_for
     from edgespec.runtime.generate import open_target
     from edgespec.runtime.sampling import SamplingParams
     from edgespec.runtime.spec import SpecConfig
@@ -155,8 +155,7 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
     for m in methods:
         if m.kind != "target":
             m.k = SpecConfig(k=m.k, policy=m.policy).draft_k(engine, sp.greedy)
-    drafters = {m.name: make_drafter(m.draft_name, engine.spec, kv=default_reads_kv(engine))
-                for m in methods if m.kind != "target"}
+    drafters = {m.name: drafter_for(m.draft_name, engine) for m in methods if m.kind != "target"}
     engines = {"main": engine}
     own_head = ("lowrank" if engine.lowrank and sp.greedy else
                 "batched" if engine.batched_head is not None else None)

@@ -29,7 +29,7 @@ import numpy as np
 from edgespec.errors import EdgespecError
 from edgespec.runtime.chat import render_chat
 from edgespec.runtime.decoding import Generation, common_prefix
-from edgespec.runtime.drafters import default_reads_kv, make_drafter
+from edgespec.runtime.drafters import drafter_for
 from edgespec.runtime.generate import open_target
 from edgespec.runtime.grammar import Grammar
 from edgespec.runtime.engine import Engine
@@ -55,7 +55,7 @@ class SpeculativeLlama:
             model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head,
             flash_attn=flash_attn, draft=draft)
         self.model_path = str(self.engine.model_file if self.engine is model_path else model_path)
-        self.drafter = make_drafter(draft, self.engine.spec, kv=default_reads_kv(self.engine))
+        self.drafter = drafter_for(draft, self.engine)
         self.seed = seed or LLAMA_DEFAULT_SEED  # as llama_cpp.Llama keeps it (0 too)
         self.last_n_tokens_size = last_n_tokens_size
         self.verbose = verbose

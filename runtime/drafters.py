@@ -435,6 +435,11 @@ def default_reads_kv(engine) -> bool:
     return engine.can_hand_kv() and own_head
 
 
+def drafter_for(draft: str | None, engine):
+    """`make_drafter` for an open engine: "default" is the shipped head that engine can feed."""
+    return make_drafter(draft, engine.spec, kv=default_reads_kv(engine))
+
+
 def reads_hidden(draft: str | None) -> bool:
     """Whether the drafter named `draft` reads the target's hidden states (a head: anything but
     none and prompt lookup)."""

@@ -9,7 +9,7 @@ from typing import Callable
 from edgespec.errors import EdgespecError
 from edgespec.io import utf8
 from edgespec.runtime.decoding import Generation, Stats, Target
-from edgespec.runtime.drafters import default_reads_kv, make_drafter, reads_hidden
+from edgespec.runtime.drafters import drafter_for, reads_hidden
 from edgespec.runtime.engine import Engine
 from edgespec.runtime.sampling import SamplingParams
 from edgespec.runtime.spec import SpecConfig
@@ -80,7 +80,7 @@ def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = target if isinstance(target, Engine) else open_target(
         target, n_ctx=n_ctx, n_threads=n_threads, lm_head=spec.lm_head, draft=spec.draft)
-    drafter = make_drafter(spec.draft, engine.spec, kv=default_reads_kv(engine))
+    drafter = drafter_for(spec.draft, engine)
     ids = engine.tokenize(prompt)
 
     def run(d) -> Generation:

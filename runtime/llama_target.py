@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec import llama_lib
+from edgespec.runtime import probe_gate
 from edgespec.cache import file_identity, put_json, read_json
 from edgespec.errors import EdgespecError, one_line
 from edgespec.io import utf8
@@ -277,6 +278,7 @@ class LlamaTarget(LlamaVocab, Engine):
             cparams.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                        else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self._invariant: int | None = None
+        self._gate = None  # the C gate in front of the probe (runtime/probe_gate.py), if built
         self._grab, self._grabbed, self._cb, self._grab_layers = False, [], None, set()
         if probe or basis is not None or batched:
             self._install_probe(cparams)
@@ -360,7 +362,9 @@ class LlamaTarget(LlamaVocab, Engine):
         tensor "result_norm") and stops the graph there: what follows is the LM head. Tensors
         named in `_grab_layers` (the residual stream "l_out-i" entering layer i + 1, a layer's
         keys "Kcur-i" and values "Vcur-i") are copied on the way. With `_grab` set to WATCH
-        only those are copied and the graph runs to its end (llama.cpp's own LM head)."""
+        only those are copied and the graph runs to its end (llama.cpp's own LM head). Where
+        the C gate builds (runtime/probe_gate.py), it answers llama.cpp's question about each
+        tensor and this callback only copies the ones it asked for."""
         lib, grabbed, layers = _ggml(), self._grabbed, self._grab_layers
 
         def cb(t, ask, _user):
@@ -376,7 +380,26 @@ class LlamaTarget(LlamaVocab, Engine):
             return not stop or name != b"result_norm"
 
         self._cb = lc.ggml_backend_sched_eval_callback(cb)  # kept alive with the context
-        cparams.cb_eval = self._cb
+        gate = probe_gate.gate_library()
+        if gate is None:  # the probe answers every node itself
+            cparams.cb_eval = self._cb
+            return
+        # the C gate answers llama.cpp's questions; the probe copies what it asks for
+        self._gate = probe_gate.Gate(0, 0, 0, ctypes.cast(self._cb, ctypes.c_void_p),
+                                     ctypes.cast(lib.ggml_get_name, ctypes.c_void_p))
+        cparams.cb_eval = ctypes.cast(gate.edgespec_gate_cb, lc.ggml_backend_sched_eval_callback)
+        cparams.cb_eval_user_data = ctypes.cast(ctypes.pointer(self._gate), ctypes.c_void_p)
+
+    @property
+    def _grab(self):
+        """What the probe reads now: False (nothing), True (up to the final norm) or WATCH."""
+        return self._grab_mode
+
+    @_grab.setter
+    def _grab(self, mode) -> None:
+        self._grab_mode = mode
+        if self._gate is not None:  # the gate asks for what the probe would
+            self._gate.set(bool(mode), mode is not WATCH, self._grab_layers)
 
     def _decode_grab(self, tokens: list[int], outputs: list[bool], layers: tuple[int, ...] = (),
                      kv_layers: tuple[int, ...] = ()):

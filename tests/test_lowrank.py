@@ -43,6 +43,46 @@ def test_probe_hidden_states_equal_embeddings_and_keep_the_cache(engines):
     np.testing.assert_array_equal(a, b)
 
 
+def test_probe_gate_reads_what_the_probe_alone_reads(engines, monkeypatch):
+    """The C gate in front of the probe (runtime/probe_gate.py) is built here (a C compiler is
+    part of the setup) and changes nothing read: an engine whose probe answers every tensor in
+    Python gives the same final hidden states, layer keys and values, prompt rows and low-rank
+    tops, bit for bit; and while nothing is read the gate keeps the graph whole (llama.cpp's
+    own logits, as an engine without the probe computes them)."""
+    from edgespec.runtime import probe_gate
+    from edgespec.runtime.llama_target import LlamaTarget
+
+    full, lr = engines
+    assert probe_gate.gate_library() is not None and lr._gate is not None
+    monkeypatch.setattr(probe_gate, "gate_library", lambda: None)
+    alone = LlamaTarget("gemma3-270m", n_ctx=1024, lm_head="lowrank", spec=full.spec)
+    try:
+        assert alone._gate is None
+        ids = full.tokenize(PROMPT)
+        reads = []
+        for e in (lr, alone):
+            e.reset()
+            e.prefill(ids[:3])
+            rows = e.prefill_hidden(ids[3:12], 4)
+            top, hid = e.decode(ids[12:15], hidden=True, top_only=True)
+            e.set_kv_layers((16, 17))
+            _, kv = e.decode(ids[15:18], hidden=True)
+            e.set_kv_layers(())
+            logits, _ = e.decode(ids[18:20], all_logits=True)
+            reads.append((rows, hid, np.argmax(top, axis=1), kv, logits))
+        full.reset()  # the same batches through llama.cpp's whole graph, no probe
+        full.prefill(ids[:3])
+        for a, b in ((3, 12), (12, 15), (15, 18)):
+            full.decode(ids[a:b])
+        want, _ = full.decode(ids[18:20], all_logits=True)
+        for a, b in zip(*reads):
+            np.testing.assert_array_equal(a, b)
+        assert reads[0][3].shape == (3, lr.n_embd + 2 * 2 * lr.kv_width)
+        np.testing.assert_array_equal(reads[0][4], want)
+    finally:
+        alone.close()
+
+
 def test_lowrank_rows_hold_llama_cpp_logits_at_the_candidates(engines):
     """Greedy verification batches: each row is -inf but at its 128 candidates, whose values are
     llama.cpp's logits (activations rounded to Q8_0 as its kernels do), and the top token is

@@ -377,6 +377,8 @@ def _cmd_bench(args) -> int:
     prompts = read_prompts(args.prompts or DEFAULT_PROMPTS)
     if args.workload:
         return _bench_workload(args, prompts)
+    if args.only:
+        raise EdgespecError("--only picks rows of a --workload; give --workload too")
     if not args.target:
         raise EdgespecError("bench needs --target (or --workload)")
     if args.limit:
@@ -416,9 +418,9 @@ def _bench_workload(args, prompts: list[dict]) -> int:
         for p in prompts:
             by_kind.setdefault(p.get("kind"), []).append(p)
         prompts = [p for ps in by_kind.values() for p in ps[:args.limit]]
-    draft = (args.draft or ["default"])[0]
     report = bench_workload(args.workload, prompts, max_tokens=args.max_new_tokens,
-                            threads=args.threads, draft=draft, copy_quant=args.copy_quant.upper())
+                            threads=args.threads, draft=args.draft or ["default"],
+                            copy_quant=args.copy_quant.upper(), only=args.only)
     print(format_workload(report))
     if args.json:
         b.write_report(report, args.json)
@@ -439,6 +441,8 @@ def _args_bench(s) -> None:
                         "at the defaults, SmolLM2 chat at the defaults and at T=0.8); "
                         "verify-friendly: the SmolLM2 rows with the drop-in on a --copy-quant copy "
                         "of the file (llama_cpp.Llama on the file, and on the copy)")
+    s.add_argument("--only", default=None,
+                   help="--workload: run just the rows whose name holds this text (e.g. smollm2)")
     add_spec_args(s, many_drafts=True)
     s.add_argument("--prompts", default=None, help="JSONL with a 'prompt' field (default: shipped set)")
     s.add_argument("--max-new-tokens", type=_positive_int, default=128)

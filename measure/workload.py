@@ -64,7 +64,7 @@ def _call(llm, w: Workload, prompt: str, max_tokens: int, seed: int) -> tuple[in
     sec = time.perf_counter() - t0
     spec = out.get("speculative")
     if spec is not None:  # how the drop-in decoded: passes, drafts and where they came from
-        spec = {k: spec[k] for k in ("verify_passes", "drafted", "accepted", "prefill_s", "draft_s",
+        spec = {k: spec[k] for k in ("verify_passes", "drafted", "accepted", "hidden_passes", "prefill_s", "draft_s",
                                      "verify_s", "by_source") if k in spec}
     return out["usage"]["completion_tokens"], sec, text, spec
 
@@ -77,9 +77,17 @@ def _ratios(ours: list[dict], ref: list[dict]) -> tuple[float, float]:
     return round(med, 4), round(tot, 4)
 
 
+def _label(draft: str, first: bool) -> str:
+    """The name of the drop-in with this draft in a row's results ("edgespec" for the first)."""
+    return "edgespec" if first else f"edgespec (draft {draft})"
+
+
 def run_workload(w: Workload, prompts: list[dict], max_tokens: int, n_ctx: int,
-                 threads: int | None, draft: str, copy: dict | None = None) -> dict:
-    """copy: for a row with `copy_quant`, the export report of the copy (its "out" is the file
+                 threads: int | None, draft: str | list[str], copy: dict | None = None) -> dict:
+    """draft: the drop-in's draft, or several: each is one more drop-in in the same interleaved
+    run ("edgespec" is the first, the others "edgespec (draft X)"), so configurations compare
+    with llama_cpp.Llama and with each other on the same machine state.
+    copy: for a row with `copy_quant`, the export report of the copy (its "out" is the file
     the drop-in runs; llama_cpp.Llama runs it too, as "llama_cpp.Llama (copy)")."""
     from llama_cpp import Llama
 
@@ -93,8 +101,13 @@ def run_workload(w: Workload, prompts: list[dict], max_tokens: int, n_ctx: int,
     path = str(resolve_target(w.target))
     threads = threads or default_threads()
     mine = copy["out"] if copy else path
-    llms = {"llama_cpp.Llama": Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, verbose=False),
-            "edgespec": SpeculativeLlama(model_path=mine, n_ctx=n_ctx, n_threads=threads, draft=draft)}
+    drafts = [draft] if isinstance(draft, str) else list(draft)
+    if not drafts or len(set(drafts)) < len(drafts):
+        raise EdgespecError("--workload needs distinct --draft values")
+    llms = {"llama_cpp.Llama": Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, verbose=False)}
+    for i, d in enumerate(drafts):
+        llms[_label(d, i == 0)] = SpeculativeLlama(model_path=mine, n_ctx=n_ctx, n_threads=threads,
+                                                   draft=None if d == "none" else d)
     if copy:
         llms["llama_cpp.Llama (copy)"] = Llama(model_path=mine, n_ctx=n_ctx, n_threads=threads, verbose=False)
     try:
@@ -115,10 +128,14 @@ def run_workload(w: Workload, prompts: list[dict], max_tokens: int, n_ctx: int,
     med, tot = _ratios(rows["edgespec"], rows["llama_cpp.Llama"])
     rate = lambda rs: round(sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs), 3)  # noqa: E731
     same = lambda a, b: round(sum(x["text"] == y["text"] for x, y in zip(rows[a], rows[b])) / len(chosen), 4)  # noqa: E731
-    out = {"name": w.name, "target": w.target, "call": w.call, "args": w.args, "draft": draft,
+    out = {"name": w.name, "target": w.target, "call": w.call, "args": w.args, "draft": drafts[0],
            "prompts": len(chosen), "tokens_per_s": {k: rate(v) for k, v in rows.items()},
            "speedup": med, "speedup_total": tot, "same_text_share": same("edgespec", "llama_cpp.Llama"),
            "per_prompt": rows}
+    if len(drafts) > 1:  # the other drafts, each against llama_cpp.Llama as the first is
+        out["others"] = {d: {"speedup": list(_ratios(rows[_label(d, False)], rows["llama_cpp.Llama"])),
+                             "same_text_share": same(_label(d, False), "llama_cpp.Llama")}
+                         for d in drafts[1:]}
     if copy:  # the copy's own speed apart from speculation, and how far its text is the file's
         out["copy"] = {k: copy.get(k) for k in ("mode", "top1_agreement", "size_source", "size_out",
                                                  "verify_ms_source", "verify_ms_out")}
@@ -129,9 +146,11 @@ def run_workload(w: Workload, prompts: list[dict], max_tokens: int, n_ctx: int,
 
 
 def bench_workload(name: str, prompts: list[dict], max_tokens: int = 128, n_ctx: int = 2048,
-                   threads: int | None = None, draft: str = "default", copy_quant: str = "Q4_0") -> dict:
+                   threads: int | None = None, draft: str | list[str] = "default", copy_quant: str = "Q4_0",
+                   only: str | None = None) -> dict:
     """Every row of workload `name` (see WORKLOADS; "verify-friendly": `copy_workloads` of
-    `copy_quant`, the copy exported once into a temporary folder with its agreement report)."""
+    `copy_quant`, the copy exported once into a temporary folder with its agreement report);
+    only: just the rows whose name holds this text."""
     import tempfile
 
     from edgespec.measure.bench import machine_info
@@ -149,10 +168,15 @@ def bench_workload(name: str, prompts: list[dict], max_tokens: int = 128, n_ctx:
                                      threads=threads, quant=copy_quant)
                 rows.append(run_workload(w, prompts, max_tokens, n_ctx, threads, draft, copy))
     elif name in WORKLOADS:
-        rows = [run_workload(w, prompts, max_tokens, n_ctx, threads, draft) for w in WORKLOADS[name]]
+        chosen = [w for w in WORKLOADS[name] if not only or only in w.name]
+        if not chosen:
+            raise EdgespecError(f"no row of workload '{name}' has '{only}' in its name; rows: "
+                                + "; ".join(w.name for w in WORKLOADS[name]))
+        rows = [run_workload(w, prompts, max_tokens, n_ctx, threads, draft) for w in chosen]
     else:
         raise EdgespecError(f"unknown workload '{name}'; choose from {', '.join([*WORKLOADS, 'verify-friendly'])}")
     return {"workload": name, "max_tokens": max_tokens, "n_ctx": n_ctx, "rows": rows,
+            **({"only": only} if only else {}),
             "reference": "llama_cpp.Llama on the same file with the same call, arguments and seeds",
             "machine": machine_info(threads or default_threads())}
 
@@ -173,6 +197,10 @@ def format_workload(report: dict) -> str:
         t = r["tokens_per_s"]
         lines.append(f"{r['name']:44s} {t['llama_cpp.Llama']:15.1f} {t['edgespec']:14.1f} "
                      f"{r['speedup']:6.2f}x {r['speedup_total']:6.2f}x {_per_pass(r):>8s}")
+        for d, o in r.get("others", {}).items():
+            m, tt = o["speedup"]
+            lines.append(f"  draft {d}: {t[_label(d, False)]:.1f} tok/s, {m:.2f}x/{tt:.2f}x llama_cpp.Llama, "
+                         f"same text {o['same_text_share']}")
         if "copy" in r:
             (m, tt), (cm, ct) = r["speedup_vs_copy"], r["copy_vs_file"]
             lines.append(f"  llama_cpp.Llama on the copy: {t['llama_cpp.Llama (copy)']:.1f} tok/s, "

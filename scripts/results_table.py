@@ -17,7 +17,7 @@ HEAD_BEGIN, HEAD_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 # llama.cpp's own speculation in it
 HEADLINE = "bench-gemma3-270m-session18.json"
 # and the app's view beside it: the drop-in against llama_cpp.Llama (`bench --workload defaults`)
-HEADLINE_APP = "workload-defaults-session18.json"
+HEADLINE_APP = "workload-defaults-session19.json"
 # and how long the README's first command takes on a fresh clone
 HEADLINE_DEMO = "demo-time.json"
 
@@ -593,6 +593,11 @@ def workload_table(path: Path) -> str:
             row += [f"{x['tokens_per_s']['llama_cpp.Llama (copy)']:.1f}", f"{cm:.2f}x / {ct:.2f}x",
                     f"{m:.2f}x / {t:.2f}x", f"{c['top1_agreement']:.3f}", f"{x['same_text_share_copy_vs_file']:.2f}"]
         rows.append(row)
+        for d, o in x.get("others", {}).items():  # the drop-in with other drafts, same run
+            m, t = o["speedup"]
+            rows.append([f"{x['name']}, draft {d}", x["prompts"], "",
+                         f"{x['tokens_per_s'][f'edgespec (draft {d})']:.1f}", f"{m:.2f}x / {t:.2f}x",
+                         f"{o['same_text_share']:.2f}"] + [""] * (5 if copies else 0))
     where = ("edgespec's drop-in on a copy of the file re-quantized by `edgespec export target "
              "--quant` (llama_cpp.Llama on the user's file, and on the copy)" if copies else
              "on the same file")

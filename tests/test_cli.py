@@ -158,6 +158,10 @@ def test_generate_with_default_head_and_bench(tmp_path):
                                 "--limit", "1"), "not a file of target")
     assert_usage_error(edgespec("bench", "--workload", "verify-friendly", "--copy-quant", "Q3_K"),
                        "unknown --copy-quant Q3_K")
+    assert_usage_error(edgespec("bench", "--workload", "defaults", "--only", "phi-9"), "no row of workload")
+    assert_usage_error(edgespec("bench", "--target", "gemma3-270m", "--only", "smollm2"), "give --workload")
+    assert_usage_error(edgespec("bench", "--workload", "defaults", "--only", "smollm2",
+                                "--draft", "none", "--draft", "none"), "distinct --draft")
 
 
 @pytest.mark.integration

@@ -41,10 +41,13 @@ def supports(spec) -> bool:
 
 def pays(spec) -> bool:
     """Whether `lm_head="auto"` takes this head: where the target's LM head holds at least half
-    of its weight bytes. Reading the trunk's output costs a Python call per graph node of every
-    decode (the eval callback), which a small head does not win back. Measured one-row decodes:
-    SmolLM2-135M (head 31% of the file) 6.7-7.0 ms with it, 6.4-6.9 ms with llama.cpp's head;
-    Gemma 3 270M (74%) 9.2 ms against 10.9 ms."""
+    of its weight bytes. A small head does not win back what reading the trunk's output and
+    running the head in onnxruntime cost a one-row decode, and most passes are one row. Measured
+    one-row decodes: SmolLM2-135M (head 31% of the file) 6.7-7.0 ms with it, 6.4-6.9 ms with
+    llama.cpp's head; Gemma 3 270M (74%) 9.2 ms against 10.9 ms. With the probe's C gate (no
+    Python call per graph node any more) SmolLM2 still loses at one row, 7.0 ms against 6.3, and
+    gains only ~1 ms at 2-4 rows, where its Q4_1 trunk costs most of the pass
+    (results/verify-cost-smollm2-135m-run2.json)."""
     from edgespec.runtime.lowrank import lm_head_tensor
 
     if not supports(spec):

@@ -266,7 +266,7 @@ class Generation:
         first = self._prefill()
         t_start = time.perf_counter()
         try:
-            if first is not None:  # exact mode: the prompt's own pass chose the first token
+            if first is not None:  # the prompt's own pass chose the first token
                 st.verify_passes += 1  # (tokens per pass stay honest)
                 verdict = self.verifier.verify(first[None, :], [], [], self.context, self.token_ids)
                 yield from self._emit_all(verdict)
@@ -343,11 +343,15 @@ class Generation:
         exact = self.verifier.exact
         # exact: the head reads no prompt rows (asking for them would make every row an
         # output, with other numbers)
-        reading = self.hidden.wanted() and not exact
+        wanted = self.hidden.wanted()
+        reading = wanted and not exact
+        # the prompt decoded whole, its last row choosing the first token, as llama_cpp.Llama
+        # does it: exact greedy, and sampling where no head reads the prompt's rows
+        own_pass = exact or (self.verifier.prompt_logits and not wanted)
         self.hidden.reading = reading
         whole = reading and d.continuous  # a continuous head reads every prompt row
         n_h = min(len(self.prompt) - 1, self.prompt_hidden) if reading and not whole else 0
-        n_plain = len(self.prompt) if exact else len(self.prompt) - 1 - n_h
+        n_plain = len(self.prompt) if own_pass else len(self.prompt) - 1 - n_h
         keep = common_prefix(t.tokens, self.prompt[:n_plain]) if self.reuse_prefix else 0
         keep = min(keep, len(self.prompt) - 1)  # at least one token decoded: its logits
         if whole:  # what the cache keeps, the head must hold the rows of
@@ -362,7 +366,7 @@ class Generation:
             t.reset()
         self.stats.prompt_reused = keep
         first = None
-        if exact:
+        if own_pass:
             first = t.prefill(self.prompt[keep:], last_logits=True)
         elif n_h:  # the head's rows from the prompt's own batches
             self.hidden.rows.append(t.prefill_hidden(self.prompt[keep:-1], n_h))

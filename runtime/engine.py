@@ -33,6 +33,9 @@ class Engine:
     lowrank_head = None  # its scorer, on engines that run it next to llama.cpp
     batched_head = None  # the LM head every row goes through, on llama.cpp engines that have one
     n_seq: int = 1  # sequences the cache holds (batch slots decode them together)
+    # prefill(..., last_logits=True) decodes the prompt as llama_cpp.Llama does, its last row's
+    # logits returned (a sampled request then draws its first token from them, as it would)
+    prefill_logits: bool = False
 
     # -- required -------------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None, special: bool = True) -> list[int]:

@@ -222,6 +222,7 @@ class LlamaTarget(LlamaVocab, Engine):
 
     engine = "llama.cpp"
     version = lc.__version__
+    prefill_logits = True
     # Default for the most tokens drafted per step (set per engine): with llama.cpp's full LM
     # head checking k tokens costs nearly k decodes, so longer drafts rarely pay (3); with the
     # low-rank (greedy) or batched LM head verification costs far less (6).

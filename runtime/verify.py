@@ -33,6 +33,9 @@ class Verifier:
     draws = None  # sampling: the request's uniform draws, by generated-token position
     max_rows = 0  # the most rows one pass may check (0: no cap)
     exact = False  # text equal to plain greedy decoding's, bit for bit
+    # the first token is chosen from the logits of the prompt's own last row, the prompt
+    # prefilled whole as llama_cpp.Llama prefills it (where no head reads its rows)
+    prompt_logits = False
 
     def __init__(self, sampling: SamplingParams, grammar=None, logprobs: int | None = None,
                  stopping=None):
@@ -127,6 +130,7 @@ class ExactVerifier(GreedyVerifier):
     pass checks at most `rows` rows and the prompt is prefilled as llama_cpp.Llama does it."""
 
     exact = True
+    prompt_logits = True
 
     def __init__(self, sampling: SamplingParams, rows: int, **kw):
         super().__init__(sampling, **kw)
@@ -149,12 +153,15 @@ class SampledVerifier(Verifier):
         self.draws = LlamaDraws(sampling.seed)
         self.native = (target.native_sampler(sampling, self.draws.seed)
                        if target is not None and grammar is None else None)
+        # the first token drawn from the prompt's own pass, as llama_cpp.Llama draws it: with
+        # the same draws, a generation that drafts nothing is then llama_cpp.Llama's text
+        self.prompt_logits = bool(target is not None and target.prefill_logits)
 
     def accept(self, logits, drafts, q, context, emitted) -> tuple[int, int]:
         n, at = len(drafts), len(emitted)
         for i in range(n + 1):  # row n (after every draft) always decides
-            if self.native is not None:  # row i of the decode is batch position i
-                tok = self.native.pick(i)
+            if self.native is not None:  # row i of the last decode's output rows, counted
+                tok = self.native.pick(i - len(logits))  # from the end (a prompt's last row)
             else:
                 d = chain(logits[i], self.sampling, self._recent(emitted, drafts, i), self.grammar,
                           self._ids(context, drafts, i))

@@ -81,6 +81,21 @@ def test_options_it_cannot_honour_are_errors_not_silence(pair):
         spec.create_completion("def f():", logprobs=2, echo=True, max_tokens=4)
 
 
+def test_sampled_text_without_drafts_is_llama_cpps(pair):
+    """Sampled at llama-cpp-python's defaults (T=0.8, top_k 40, top_p 0.95, min_p 0.05) with no
+    drafts, the drop-in's text is llama_cpp.Llama's for the same seed: the prompt is prefilled
+    as llama_cpp.Llama prefills it and its last row draws the first token, with llama.cpp's own
+    chain and draws; a follow-up call that reuses the cache's prefix does so too."""
+    ref, plain, _ = pair
+    prompts = ["The three laws of motion are", "def add(a, b):", "Once upon a time",
+               "Once upon a time there was"]  # the last one reuses the one before's prefix
+    for i, p in enumerate(prompts):
+        a = ref.create_completion(p, max_tokens=24, seed=7 + i)
+        b = plain.create_completion(p, max_tokens=24, seed=7 + i)
+        assert b["choices"][0]["text"] == a["choices"][0]["text"], p
+    assert b["speculative"]["prompt_reused"] >= len(plain.tokenize(b"Once upon a time")) - 1
+
+
 def test_sampling_options_seed_and_follow_up_turns(pair):
     _, _, spec = pair
     kw = dict(max_tokens=8, repeat_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1,

@@ -17,7 +17,7 @@ HEAD_BEGIN, HEAD_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 # llama.cpp's own speculation in it
 HEADLINE = "bench-gemma3-270m-session18.json"
 # and the app's view beside it: the drop-in against llama_cpp.Llama (`bench --workload defaults`)
-HEADLINE_APP = "workload-defaults-session19.json"
+HEADLINE_APP = "workload-defaults-session19b.json"
 # and how long the README's first command takes on a fresh clone
 HEADLINE_DEMO = "demo-time.json"
 
@@ -605,7 +605,10 @@ def workload_table(path: Path) -> str:
                  f"`llama_cpp.Llama` and edgespec's drop-in (shipped head + lookup) making the same call, "
                  f"{where}, with the same seeds, llama-cpp-python's defaults for every argument "
                  f"not named; wall time including the prompt, at most {r['max_tokens']} new tokens; "
-                 f"{m0['cpu']}, {m0['threads']} threads.",
+                 f"{m0['cpu']}, {m0['threads']} threads."
+                 + (" Rows ending in `draft X`: the drop-in with that draft instead, in the same "
+                    "interleaved run, against the same llama_cpp.Llama calls."
+                    if any(x.get("others") for x in r["rows"]) else ""),
                  ["call", "prompts", "llama_cpp.Llama tok/s", "edgespec tok/s",
                   "edgespec vs llama_cpp.Llama (median / total)", "same text"]
                  + (["llama_cpp.Llama on the copy tok/s", "copy vs file", "edgespec vs the copy",

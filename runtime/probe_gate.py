@@ -33,6 +33,9 @@ class Gate(ctypes.Structure):
 
     def set(self, on: bool, stop: bool, names) -> None:
         """Read nothing (on False), or the final norm (stop) and the tensors named."""
+        if not on:  # the gate then reads nothing else
+            self.on = 0
+            return
         names = list(names)
         if len(names) <= NAMES and all(len(n) < NAME_LEN for n in names):
             for i, n in enumerate(names):
@@ -41,7 +44,7 @@ class Gate(ctypes.Structure):
         else:  # more than the gate holds: the probe answers every question
             self.n = -1
         self.stop = int(stop)
-        self.on = int(on)  # last: the gate reads the rest only once it is on
+        self.on = 1  # last: the gate reads the rest only once it is on
 
 
 def _compiler() -> str | None:

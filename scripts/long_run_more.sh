@@ -15,6 +15,8 @@
 # first start needs the stage-1 head (scripts/long_run.sh re-makes it from its own carried
 # state); once this stage carries a step, a fresh machine re-makes the features and resumes.
 # When the run is done: eval-head on the folder's held-out samples (its JSON beside the run).
+# Finished (step 6000 of 6000): its head ships as runtime/heads/gemma3-270m/shared-kv-int8.onnx;
+# the carried state stays as the only copy of its weights, for a next stage's --init-from.
 set -euo pipefail
 out=${1:?run folder}; steps=${STEPS:-6000}; n=${N_PROMPTS:-5000}; target=gemma3-270m
 carry=${CARRY:-carry/gemma3-270m-shared-kv-more}

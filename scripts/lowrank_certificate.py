@@ -37,24 +37,15 @@ TEST = ["Once upon a time in a small village", "def merge_sort(arr):", "The weat
         "Dear hiring manager, I am writing", "import numpy as np\n\nclass Model:", "The three laws of thermodynamics are"]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--rows-per-text", type=int, default=60)
-    ap.add_argument("--ranks", type=int, nargs="+", default=[256, 384, 448])
-    ap.add_argument("--candidates", type=int, nargs="+", default=[128, 512, 2048])
-    a = ap.parse_args()
-
+def sample_rows(eng, rows_per_text: int):
+    """The rows both certificate studies read: hidden states to fit bases on (the target's own
+    continuations of FIT), TEST rows (hidden state and full logits from one-token decodes of
+    continuations the target samples itself, T=0.8, top-k 40), and the LM head's rows."""
     from llama_cpp import Llama
 
     from edgespec.gguf_meta import TensorRows, read_header
-    from edgespec.io import write_result
-    from edgespec.measure.bench import machine_info
-    from edgespec.runtime.assets import shipped_basis
-    from edgespec.runtime.llama_target import LlamaTarget
-    from edgespec.runtime.lowrank import lm_head_tensor, read_basis
+    from edgespec.runtime.lowrank import lm_head_tensor
 
-    eng = LlamaTarget(a.target, n_ctx=1024, lm_head="full")
     spec = eng.spec
     llm = Llama(model_path=spec.path, n_ctx=1024, n_threads=eng.n_threads, verbose=False)
     fit_texts = [s + llm.create_completion(s, max_tokens=150, seed=i)["choices"][0]["text"]
@@ -67,21 +58,40 @@ def main() -> int:
     fit = np.concatenate(fit)
     rng = np.random.default_rng(0)
     hs, logits = [], []
-    for text in TEST:  # sampled continuations (T=0.8, top-k 40), one decode per row
+    for text in TEST:
         eng.reset()
         ids = eng.tokenize(text)
         eng.prefill(ids[:-1])
         tok = ids[-1]
-        for _ in range(a.rows_per_text):
+        for _ in range(rows_per_text):
             lg, h = eng.decode([tok], hidden=True)
             hs.append(h[0].copy())
             logits.append(lg[0].astype(np.float64))
             top = np.argpartition(-lg[0], 40)[:40]
             p = np.exp((lg[0][top] - lg[0][top].max()) / 0.8)
             tok = int(top[rng.choice(40, p=p / p.sum())])
-    hs, logits = np.array(hs, np.float32), np.array(logits)
     rows = TensorRows(read_header(spec.path), lm_head_tensor(spec))
     w = np.concatenate([rows[s:s + 16384] for s in range(0, rows.n_rows, 16384)])
+    return fit, np.array(hs, np.float32), np.array(logits), w
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--rows-per-text", type=int, default=60)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[256, 384, 448])
+    ap.add_argument("--candidates", type=int, nargs="+", default=[128, 512, 2048])
+    a = ap.parse_args()
+
+    from edgespec.io import write_result
+    from edgespec.measure.bench import machine_info
+    from edgespec.runtime.assets import shipped_basis
+    from edgespec.runtime.llama_target import LlamaTarget
+    from edgespec.runtime.lowrank import read_basis
+
+    eng = LlamaTarget(a.target, n_ctx=1024, lm_head="full")
+    spec = eng.spec
+    fit, hs, logits, w = sample_rows(eng, a.rows_per_text)
     w_norm = np.linalg.norm(w, axis=1)
     vecs = np.linalg.eigh(fit.T @ fit)[1][:, ::-1]
     bases = {}

@@ -462,6 +462,27 @@ def certificate_table(path: Path) -> str:
                   "top 1: certified / truly among candidates", "top 40: certified / truly among"], rows)
 
 
+def certificate_bounds_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    m0 = r["machine"]
+    rows = []
+    for b in r["bounds"]:
+        for c in b["by_candidates"]:
+            rows.append([b["bound"], c["candidates"], f"{c['greedy_certified']} / {r['rows']}",
+                         f"{c['sampled_defaults_certified']} / {r['rows']}", c["greedy_miss_median"],
+                         c["largest_logit_over_bound"], b["numpy_seconds"]])
+    ch = r["sampled_chain"]
+    return table(f"Tighter bounds for the candidate search (`{path.relative_to(ROOT)}`, "
+                 f"`scripts/certificate_bounds.py`): {r['target']}, {r['rows']} rows the target sampled "
+                 f"itself, bases fitted on {r['fit_tokens']} other tokens; candidates are the tokens of "
+                 f"the highest upper bounds, a row is certified when the best bound left out plus "
+                 f"{r['margin_for_int8_scores']} is under the best logit (greedy) or under the default "
+                 f"chain's cut (top-k {ch['top_k']}, top-p {ch['top_p']}, min-p {ch['min_p']}); "
+                 f"{m0['cpu']}, {m0['threads']} threads.",
+                 ["bound", "candidates", "greedy certified", "sampled defaults certified",
+                  "greedy miss (median, nats)", "largest logit over its bound", "numpy s"], rows)
+
+
 def render() -> str:
     """The Results block, markers included."""
     benches = sorted((ROOT / "results").glob("bench-*.json"))
@@ -481,6 +502,7 @@ def render() -> str:
                                 ("verify-cost-*.json", verify_cost_table),
                                 ("sampler-cost-*.json", sampler_cost_table),
                                 ("lowrank-certificate-*.json", certificate_table),
+                                ("certificate-bounds-*.json", certificate_bounds_table),
                                 ("workload-*.json", workload_table)):
         parts += [render_one(p) for p in sorted((ROOT / "results").glob(pattern))]
     for p in sorted((ROOT / "results").glob("eval-head-*.json")):

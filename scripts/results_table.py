@@ -15,9 +15,9 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 HEAD_BEGIN, HEAD_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 # the bench the README's headline quotes: the latest default-configuration run with stock
 # llama.cpp's own speculation in it
-HEADLINE = "bench-gemma3-270m-session19.json"
+HEADLINE = "bench-gemma3-270m-session20.json"
 # and the app's view beside it: the drop-in against llama_cpp.Llama (`bench --workload defaults`)
-HEADLINE_APP = "workload-defaults-session19b.json"
+HEADLINE_APP = "workload-defaults-session20.json"
 # and how long the README's first command takes on a fresh clone
 HEADLINE_DEMO = "demo-time.json"
 

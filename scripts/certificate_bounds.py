@@ -17,8 +17,8 @@ exact logits from that decode):
 - **what sampling needs**: llama-cpp-python's default chain (top-k 40, top-p 0.95, min-p 0.05,
   then temperature) keeps only tokens whose logit is within ln 20 of the best one, so a row's
   law is the full head's when no token outside the candidates can reach that cut and the top-p
-  cut falls at the same place whatever mass the unseen tokens have: a test 3 nats looser than
-  greedy's (the best logit must beat every bound).
+  cut falls at the same place whatever mass the unseen tokens have: a test 3 nats stricter
+  than greedy's (the best logit must beat every left-out bound by ln 20, not just beat it).
 
 Candidates are the C tokens with the highest upper bounds, the best choice for certifying; a row is certified when
 the best bound left out, plus a margin for the runtime's int8 scores, is under the cut. Writes

@@ -40,6 +40,7 @@ def _cmd_generate(args) -> int:
     stream = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     res = generate(args.target, args.prompt, max_tokens=args.max_tokens,
                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   min_p=args.min_p, repeat_penalty=args.repeat_penalty,
                    seed=args.seed, stop=args.stop, n_ctx=args.n_ctx, n_threads=args.threads,
                    spec=SpecConfig.from_args(args), compare=args.compare, on_text=stream)
     if args.json:
@@ -64,10 +65,7 @@ def _args_generate(s) -> None:
     s.add_argument("--target", required=True, help="gemma3-270m, smollm2-135m, or a .gguf path")
     s.add_argument("--prompt", required=True)
     s.add_argument("--max-tokens", type=_positive_int, default=128)
-    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    s.add_argument("--top-k", type=int, default=0)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--seed", type=int, default=None)
+    add_sampling_args(s)
     s.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     s.add_argument("--n-ctx", type=_positive_int, default=4096)
     s.add_argument("--threads", type=_positive_int, default=None)
@@ -313,16 +311,10 @@ def _args_serve(s) -> None:
 
 
 def _cmd_chat(args) -> int:
-    from edgespec.runtime.chat import ChatSession
-    from edgespec.runtime.drafters import drafter_for
-    from edgespec.runtime.generate import open_target
-    from edgespec.runtime.spec import SpecConfig
+    from edgespec.runtime.chat import open_chat
 
-    spec = SpecConfig.from_args(args)
-    engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads,
-                         lm_head=spec.lm_head, draft=spec.draft)
-    session = ChatSession(engine, drafter_for(spec.draft, engine), spec,
-                          max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    session = open_chat(args)
+    engine = session.engine
     mode = "chat template" if engine.spec.chat_template else "plain continuation (base model)"
     print(f"edgespec chat: {engine.spec.name}, {mode}, draft: {args.draft}. "
           "Commands: /reset /stats /quit; Ctrl-C stops a reply.", file=sys.stderr)
@@ -364,10 +356,28 @@ def _args_chat(s) -> None:
     s.add_argument("--target", required=True)
     add_spec_args(s, draft="lookup")
     s.add_argument("--max-tokens", type=_positive_int, default=256)
-    s.add_argument("--temperature", type=float, default=0.0)
-    s.add_argument("--seed", type=int, default=None)
+    # llama.cpp's own chat defaults for the cuts (llama-cli, llama-server, llama-cpp-python's
+    # create_chat_completion): they shape the law only once --temperature is above 0
+    add_sampling_args(s, top_k=40, top_p=0.95, min_p=0.05)
     s.add_argument("--n-ctx", type=_positive_int, default=4096)
     s.add_argument("--threads", type=_positive_int, default=None)
+    s.add_argument("--flash-attn", choices=("off", "on", "auto"), default="off",
+                   help="llama.cpp's flash attention: off (default, as llama_cpp.Llama: the same "
+                        "attention writes the same replies), on, or auto (llama.cpp chooses)")
+
+
+def add_sampling_args(s, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> None:
+    """--temperature, --top-k, --top-p, --min-p, --repeat-penalty and --seed, as llama.cpp names
+    them (the chain runs in llama.cpp's order: penalties, top-k, top-p, min-p, temperature)."""
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    s.add_argument("--top-k", type=int, default=top_k, help=f"keep the k likeliest tokens; 0: all "
+                   f"(default: {top_k})")
+    s.add_argument("--top-p", type=float, default=top_p, help=f"nucleus mass kept (default: {top_p})")
+    s.add_argument("--min-p", type=float, default=min_p, help="drop tokens under this times the "
+                   f"likeliest one's probability (default: {min_p})")
+    s.add_argument("--repeat-penalty", type=float, default=1.0,
+                   help="penalise the last 64 tokens' repeats; 1: off (default: 1.0)")
+    s.add_argument("--seed", type=int, default=None)
 
 
 def _cmd_bench(args) -> int:
@@ -409,7 +419,7 @@ def _cmd_bench(args) -> int:
 def _bench_workload(args, prompts: list[dict]) -> int:
     """`bench --workload NAME`: the drop-in against llama_cpp.Llama, each row an app's call."""
     from edgespec.measure import bench as b
-    from edgespec.measure.workload import bench_workload, format_workload
+    from edgespec.measure.workload import CLI_DRAFT, bench_workload, format_workload
 
     if args.json:
         b.ensure_new(args.json)
@@ -418,8 +428,9 @@ def _bench_workload(args, prompts: list[dict]) -> int:
         for p in prompts:
             by_kind.setdefault(p.get("kind"), []).append(p)
         prompts = [p for ps in by_kind.values() for p in ps[:args.limit]]
+    default = [CLI_DRAFT] if args.workload == "chat-cli" else ["default"]
     report = bench_workload(args.workload, prompts, max_tokens=args.max_new_tokens,
-                            threads=args.threads, draft=args.draft or ["default"],
+                            threads=args.threads, draft=args.draft or default,
                             copy_quant=args.copy_quant.upper(), only=args.only)
     print(format_workload(report))
     if args.json:
@@ -435,12 +446,15 @@ def _args_bench(s) -> None:
     s.add_argument("--copy-quant", default="Q4_0",
                    help="--workload verify-friendly: the type the drop-in's copy of the file is "
                         "re-quantized to (Q4_0, Q5_0, Q8_0, IQ4_NL; default Q4_0)")
-    s.add_argument("--workload", default=None, choices=["defaults", "verify-friendly"],
+    s.add_argument("--workload", default=None, choices=["defaults", "verify-friendly", "chat-cli"],
                    help="instead of methods: the drop-in against llama_cpp.Llama, each row one "
                         "app call with llama-cpp-python's defaults (Gemma completions at T=0 and "
                         "at the defaults, SmolLM2 chat at the defaults and at T=0.8); "
                         "verify-friendly: the SmolLM2 rows with the drop-in on a --copy-quant copy "
-                        "of the file (llama_cpp.Llama on the file, and on the copy)")
+                        "of the file (llama_cpp.Llama on the file, and on the copy); chat-cli: "
+                        "`edgespec chat` on SmolLM2 (its defaults, and --temperature 0.8) against "
+                        "create_chat_completion with the same sampling values, two turns a "
+                        "conversation (--draft: the chat's own default unless given)")
     s.add_argument("--only", default=None,
                    help="--workload: run just the rows whose name holds this text (e.g. smollm2)")
     add_spec_args(s, many_drafts=True)

@@ -30,6 +30,9 @@ class Workload:
     # the drop-in runs a verify-friendly copy of the file re-quantized to this type (`edgespec
     # export target --quant`); llama_cpp.Llama runs the user's own file, and the copy too
     copy_quant: str | None = None
+    # call "chat-cli": the flags `edgespec chat` is given besides --target (the reference is
+    # create_chat_completion with the sampling values those flags resolve to)
+    cli: tuple[str, ...] = ()
 
 
 def copy_workloads(quant: str) -> list[Workload]:
@@ -48,7 +51,116 @@ WORKLOADS = {
         Workload("smollm2-135m chat, temperature 0.8", "smollm2-135m", "chat", {"temperature": 0.8},
                  kinds=("chat",)),
     ],
+    # `edgespec chat` (its ChatSession, opened from the command's own parsed arguments) against
+    # llama_cpp.Llama's create_chat_completion with the same sampling values: two turns a
+    # conversation, each side continuing its own, as a person chatting in a terminal does
+    "chat-cli": [
+        Workload("smollm2-135m edgespec chat, its defaults", "smollm2-135m", "chat-cli", kinds=("chat",)),
+        Workload("smollm2-135m edgespec chat --temperature 0.8", "smollm2-135m", "chat-cli",
+                 kinds=("chat",), cli=("--temperature", "0.8")),
+    ],
 }
+
+# the second turn of a chat-cli conversation
+FOLLOW_UP = "Thanks. Now say that again in two sentences."
+CLI_DRAFT = "cli"  # --draft for a chat-cli row: whatever `edgespec chat` drafts with by default
+
+
+def chat_cli_args(w: Workload, draft: str, max_tokens: int, n_ctx: int, threads: int):
+    """`edgespec chat`'s parsed arguments for a chat-cli row (its own parser: its defaults)."""
+    from edgespec.cli import build_parser
+
+    argv = ["chat", "--target", w.target, "--max-tokens", str(max_tokens), "--n-ctx", str(n_ctx),
+            "--threads", str(threads), *w.cli, *([] if draft == CLI_DRAFT else ["--draft", draft])]
+    return build_parser().parse_args(argv)
+
+
+def run_chat_cli(w: Workload, prompts: list[dict], max_tokens: int, n_ctx: int,
+                 threads: int | None, draft: str | list[str]) -> dict:
+    """One chat-cli row: each conversation (a prompt, then FOLLOW_UP) runs on llama_cpp.Llama
+    and on each `edgespec chat` session in turn, with the same seed; times are each reply's
+    wall time, its prompt's prefill included."""
+    import dataclasses
+
+    from llama_cpp import Llama
+
+    from edgespec.runtime.chat import open_chat
+    from edgespec.runtime.llama_target import default_threads
+    from edgespec.targets import resolve_target
+
+    chosen = [p for p in prompts if p.get("kind") in w.kinds]
+    if not chosen:
+        raise EdgespecError(f"workload '{w.name}' needs prompts of kind {' or '.join(w.kinds)}")
+    threads = threads or default_threads()
+    drafts = [draft] if isinstance(draft, str) else list(draft)
+    if not drafts or len(set(drafts)) < len(drafts):
+        raise EdgespecError("--workload needs distinct --draft values")
+    parsed = [chat_cli_args(w, d, max_tokens, n_ctx, threads) for d in drafts]
+    a = parsed[0]
+    ref_args = dict(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
+                    repeat_penalty=a.repeat_penalty)
+    ref = Llama(model_path=str(resolve_target(w.target)), n_ctx=n_ctx, n_threads=threads, verbose=False)
+    sessions = {}
+    try:
+        for i, (d, args) in enumerate(zip(drafts, parsed)):
+            sessions[_label(d, i == 0)] = open_chat(args)
+        names = ["llama_cpp.Llama", *sessions]
+        rows = {name: [] for name in names}
+        bar = progress(total=len(names) * len(chosen), desc=w.name[:24], unit="chat")
+        for i, p in enumerate(chosen[:1] + chosen, -1):  # the first conversation twice: a warm-up
+            seed = 1000 + max(i, 0)
+            for name in names:
+                turns = []
+                if name == "llama_cpp.Llama":
+                    messages = []
+                    for text in (p["prompt"], FOLLOW_UP):
+                        messages.append({"role": "user", "content": text})
+                        t0 = time.perf_counter()
+                        out = ref.create_chat_completion(messages=messages, max_tokens=max_tokens,
+                                                         seed=seed, **ref_args)
+                        sec = time.perf_counter() - t0
+                        reply = (out["choices"][0]["message"]["content"] or "").strip()
+                        messages.append({"role": "assistant", "content": reply})
+                        turns.append({"tokens": out["usage"]["completion_tokens"], "seconds": round(sec, 6),
+                                      "text": reply})
+                else:
+                    s = sessions[name]
+                    s.reset()
+                    s.sampling = dataclasses.replace(s.sampling, seed=seed)  # as `--seed` would
+                    for text in (p["prompt"], FOLLOW_UP):
+                        t0 = time.perf_counter()
+                        gen = s.reply(text)
+                        sec = time.perf_counter() - t0
+                        st = gen.stats
+                        turns.append({"tokens": st.tokens, "seconds": round(sec, 6), "text": gen.text.strip(),
+                                      "speculative": {"verify_passes": st.verify_passes,
+                                                      "drafted": st.drafted, "accepted": st.accepted}})
+                if i >= 0:
+                    rows[name].append({"kind": p.get("kind"), "turns": turns,
+                                       "tokens": sum(t["tokens"] for t in turns),
+                                       "seconds": round(sum(t["seconds"] for t in turns), 6)})
+                    bar.update(1)
+        bar.close()
+    finally:
+        ref.close()
+        for s in sessions.values():
+            s.engine.close()
+    med, tot = _ratios(rows["edgespec"], rows["llama_cpp.Llama"])
+    rate = lambda rs: round(sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs), 3)  # noqa: E731
+
+    def same(x: str, y: str) -> float:  # share of replies (both turns) word for word the reference's
+        pairs = [(t["text"], u["text"]) for a_, b_ in zip(rows[x], rows[y]) for t, u in zip(a_["turns"], b_["turns"])]
+        return round(sum(t == u for t, u in pairs) / len(pairs), 4)
+
+    out = {"name": w.name, "target": w.target, "call": w.call, "cli": list(w.cli),
+           "args": ref_args, "draft": a.draft, "prompts": len(chosen), "turns": 2,
+           "tokens_per_s": {k: rate(v) for k, v in rows.items()}, "speedup": med, "speedup_total": tot,
+           "same_text_share": same("edgespec", "llama_cpp.Llama"), "per_prompt": rows}
+    if len(drafts) > 1:
+        out["others"] = {d: {"speedup": list(_ratios(rows[_label(d, False)], rows["llama_cpp.Llama"])),
+                             "same_text_share": same(_label(d, False), "llama_cpp.Llama")}
+                         for d in drafts[1:]}
+    return out
 
 
 def _call(llm, w: Workload, prompt: str, max_tokens: int, seed: int) -> tuple[int, float, str, dict | None]:
@@ -172,7 +284,8 @@ def bench_workload(name: str, prompts: list[dict], max_tokens: int = 128, n_ctx:
         if not chosen:
             raise EdgespecError(f"no row of workload '{name}' has '{only}' in its name; rows: "
                                 + "; ".join(w.name for w in WORKLOADS[name]))
-        rows = [run_workload(w, prompts, max_tokens, n_ctx, threads, draft) for w in chosen]
+        rows = [(run_chat_cli if w.call == "chat-cli" else run_workload)(w, prompts, max_tokens, n_ctx,
+                                                                        threads, draft) for w in chosen]
     else:
         raise EdgespecError(f"unknown workload '{name}'; choose from {', '.join([*WORKLOADS, 'verify-friendly'])}")
     return {"workload": name, "max_tokens": max_tokens, "n_ctx": n_ctx, "rows": rows,
@@ -184,12 +297,14 @@ def bench_workload(name: str, prompts: list[dict], max_tokens: int = 128, n_ctx:
 def _per_pass(row: dict) -> str:
     """Tokens the drop-in emitted per verify pass over the row's prompts ("-" where unknown)."""
     ours = row["per_prompt"]["edgespec"]
+    ours = [t for r in ours for t in r.get("turns", [r])]  # chat-cli rows: every reply
     passes = sum(r.get("speculative", {}).get("verify_passes", 0) for r in ours)
     return f"{sum(r['tokens'] for r in ours) / passes:.2f}" if passes else "-"
 
 
 def format_workload(report: dict) -> str:
-    lines = [f"workload {report['workload']}: edgespec's drop-in vs llama_cpp.Llama, the same call "
+    who = "`edgespec chat`" if report["workload"] == "chat-cli" else "edgespec's drop-in"
+    lines = [f"workload {report['workload']}: {who} vs llama_cpp.Llama, the same call "
              f"(wall time incl. prompt, {report['max_tokens']} new tokens at most)",
              f"{'row':44s} {'llama.cpp tok/s':>15s} {'edgespec tok/s':>14s} {'median':>7s} "
              f"{'total':>7s} {'tok/pass':>8s}"]

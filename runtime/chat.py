@@ -39,14 +39,16 @@ class ChatSession:
     """
 
     def __init__(self, engine, drafter=None, spec=None, max_tokens: int = 256,
-                 temperature: float = 0.0, seed: int | None = None):
-        """spec: a SpecConfig (draft length, policy; its drafter is `drafter`, made by the caller)."""
+                 temperature: float = 0.0, seed: int | None = None, sampling=None):
+        """spec: a SpecConfig (draft length, policy; its drafter is `drafter`, made by the caller).
+        sampling: the whole SamplingParams (cuts and penalties too); None: `temperature` and
+        `seed` alone."""
         from edgespec.runtime.sampling import SamplingParams
         from edgespec.runtime.spec import SpecConfig
 
         self.engine, self.drafter, self.spec = engine, drafter, spec or SpecConfig()
         self.max_tokens = max_tokens
-        self.sampling = SamplingParams(temperature=temperature, seed=seed)
+        self.sampling = sampling or SamplingParams(temperature=temperature, seed=seed)
         self.messages: list[dict] = []
         self.totals = {"replies": 0, "tokens": 0, "decode_s": 0.0, "verify_passes": 0}
 
@@ -97,3 +99,26 @@ class ChatSession:
         per = t["tokens"] / t["verify_passes"] if t["verify_passes"] else 0.0
         return (f"{t['replies']} replies, {t['tokens']} tokens, {rate:.1f} tok/s, "
                 f"{per:.2f} tokens per target pass, {len(self.messages)} messages in history")
+
+
+def open_chat(args) -> ChatSession:
+    """The session `edgespec chat` runs, from its parsed arguments (the bench's chat-cli rows
+    open theirs here too). Sampling values out of range fail before the model loads."""
+    from edgespec.runtime.drafters import drafter_for
+    from edgespec.runtime.generate import open_target
+    from edgespec.runtime.sampling import SamplingParams
+    from edgespec.runtime.spec import SpecConfig
+
+    spec = SpecConfig.from_args(args)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+    flash = {"on": True, "off": False}.get(getattr(args, "flash_attn", "off"))  # "auto": None
+    engine = open_target(args.target, n_ctx=args.n_ctx, n_threads=args.threads,
+                         lm_head=spec.lm_head, draft=spec.draft, flash_attn=flash)
+    try:
+        sampling.check_vocab(engine.spec.n_vocab)
+    except EdgespecError:
+        engine.close()
+        raise
+    return ChatSession(engine, drafter_for(spec.draft, engine), spec,
+                       max_tokens=args.max_tokens, sampling=sampling)

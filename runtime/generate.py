@@ -64,7 +64,8 @@ def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch
 
 def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             seed: int | None = None, stop: list[str] | None = None, n_ctx: int = 4096,
+             seed: int | None = None, min_p: float = 0.0, repeat_penalty: float = 1.0,
+             stop: list[str] | None = None, n_ctx: int = 4096,
              n_threads: int | None = None, spec: SpecConfig | None = None, compare: bool = False,
              on_text: Callable[[str], None] | None = None) -> Result:
     """Generate a continuation of `prompt`; `on_text` receives each text piece as it streams.
@@ -77,9 +78,11 @@ def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,
     if not prompt or not prompt.strip():
         raise EdgespecError("empty prompt: give some text with --prompt")
     utf8(prompt, "prompt")  # before anything loads
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                              min_p=min_p, repeat_penalty=repeat_penalty)
     engine = target if isinstance(target, Engine) else open_target(
         target, n_ctx=n_ctx, n_threads=n_threads, lm_head=spec.lm_head, draft=spec.draft)
+    sampling.check_vocab(engine.spec.n_vocab)
     drafter = drafter_for(spec.draft, engine)
     ids = engine.tokenize(prompt)
 

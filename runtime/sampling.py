@@ -59,6 +59,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def check_vocab(self, n_vocab: int) -> None:
+        """For commands (not the drop-in, which keeps everything as llama.cpp does): a top_k
+        beyond the vocabulary is a typo, not a cut."""
+        if self.top_k > n_vocab:
+            raise EdgespecError(f"top_k {self.top_k} is larger than the target's vocabulary "
+                                f"({n_vocab} tokens); give 0 to keep every token")
+
     @property
     def adjusts_logits(self) -> bool:
         """Whether a token's logit depends on more than the model (bias or penalties): greedy

@@ -620,6 +620,20 @@ def workload_table(path: Path) -> str:
             rows.append([f"{x['name']}, draft {d}", x["prompts"], "",
                          f"{x['tokens_per_s'][f'edgespec (draft {d})']:.1f}", f"{m:.2f}x / {t:.2f}x",
                          f"{o['same_text_share']:.2f}"] + [""] * (5 if copies else 0))
+    rows_end = (" Rows ending in `draft X`: the drop-in with that draft instead, in the same "
+                "interleaved run, against the same llama_cpp.Llama calls."
+                if any(x.get("others") for x in r["rows"]) else "")
+    if r["workload"] == "chat-cli":
+        cli = r["rows"][0]
+        return table(f"The chat command's view (`results/{path.name}`, `edgespec bench --workload chat-cli`): "
+                     f"`edgespec chat` (its own parser's defaults, draft {cli['draft']} unless the row "
+                     "names another) and `llama_cpp.Llama.create_chat_completion` with the sampling "
+                     "values the chat's flags resolve to, on the same file with the same seeds; "
+                     f"{cli['turns']} turns a conversation, each side continuing its own; wall time of "
+                     f"every reply including its prompt, at most {r['max_tokens']} new tokens a reply; "
+                     f"{m0['cpu']}, {m0['threads']} threads." + rows_end.replace("the drop-in", "the chat"),
+                     ["chat", "conversations", "llama_cpp.Llama tok/s", "edgespec chat tok/s",
+                      "edgespec chat vs llama_cpp.Llama (median / total)", "same replies"], rows)
     where = ("edgespec's drop-in on a copy of the file re-quantized by `edgespec export target "
              "--quant` (llama_cpp.Llama on the user's file, and on the copy)" if copies else
              "on the same file")
@@ -627,10 +641,7 @@ def workload_table(path: Path) -> str:
                  f"`llama_cpp.Llama` and edgespec's drop-in (shipped head + lookup) making the same call, "
                  f"{where}, with the same seeds, llama-cpp-python's defaults for every argument "
                  f"not named; wall time including the prompt, at most {r['max_tokens']} new tokens; "
-                 f"{m0['cpu']}, {m0['threads']} threads."
-                 + (" Rows ending in `draft X`: the drop-in with that draft instead, in the same "
-                    "interleaved run, against the same llama_cpp.Llama calls."
-                    if any(x.get("others") for x in r["rows"]) else ""),
+                 f"{m0['cpu']}, {m0['threads']} threads." + rows_end,
                  ["call", "prompts", "llama_cpp.Llama tok/s", "edgespec tok/s",
                   "edgespec vs llama_cpp.Llama (median / total)", "same text"]
                  + (["llama_cpp.Llama on the copy tok/s", "copy vs file", "edgespec vs the copy",

@@ -40,6 +40,13 @@ def test_bad_inputs(tmp_path):
     assert_usage_error(edgespec("generate", "--target", str(good), "--prompt", "x",
                                 "--max-tokens", "0"), "max-tokens")
     assert_usage_error(edgespec("generate", "--target", str(good), "--prompt", "x", "-k", "0"), "-k")
+    for flag, value, needle in (("--temperature", "-1", "temperature"), ("--top-k", "-1", "top_k"),
+                                ("--top-p", "0", "top_p"), ("--min-p", "1.5", "min_p"),
+                                ("--repeat-penalty", "0", "repeat_penalty")):
+        # sampling values are checked before the model loads (the tiny file would not chat)
+        assert_usage_error(edgespec("chat", "--target", str(good), flag, value), needle)
+    assert_usage_error(edgespec("generate", "--target", str(good), "--prompt", "x",
+                                "--min-p", "-0.1"), "min_p")
     assert_usage_error(edgespec("frobnicate"), "invalid choice")
     for flag, value in (("--lr", "0"), ("--muon-lr", "-0.01"), ("--muon-lr", "inf")):
         assert_usage_error(edgespec("train", "--target", str(good), "--features", str(tmp_path),
@@ -83,6 +90,17 @@ def test_generate_gemma_json():
     d = json.loads(res.stdout)
     assert d["tokens"] == 8 and len(d["token_ids"]) == 8 and d["text"].strip()
     assert d["tokens_per_s"] > 0 and d["mean_accepted"] == 1.0
+
+
+@pytest.mark.integration
+def test_top_k_beyond_the_vocabulary_is_a_usage_error():
+    """SmolLM2 has 49,152 tokens: --top-k 60000 is a typo, for generate and for chat alike."""
+    assert_usage_error(edgespec("generate", "--target", "smollm2-135m", "--prompt", "x",
+                                "--temperature", "0.8", "--top-k", "60000"), "vocabulary (49152 tokens)")
+    res = subprocess.run([sys.executable, "-m", "edgespec", "chat", "--target", "smollm2-135m",
+                          "--top-k", "60000"], input="hello\n", capture_output=True, text=True, timeout=300)
+    assert_usage_error(res, "vocabulary (49152 tokens)")
+    assert not res.stdout
 
 
 @pytest.mark.integration

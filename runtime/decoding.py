@@ -54,8 +54,23 @@ class Draft:
 
 
 # The policy's most drafts worth making now from a named source ("lookup", "head"); drafters
-# ask before drafting, so a draft step that would be trimmed away is never computed.
+# ask before drafting, so a draft step that would be trimmed away is never computed. A limit
+# may also answer `go_on(source, conf, u)`: whether a chain with these confidences so far (and
+# these draws for its rows, sampling) should compute its next step (PolicyLimit).
 Limit = Callable[[str], int]
+
+
+class PolicyLimit:
+    """What a drafter may ask the loop's policy while it drafts (see Limit)."""
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def __call__(self, source: str) -> int:
+        return self.policy.limit(source)
+
+    def go_on(self, source: str, conf: list[float], u: list[float] | None = None) -> bool:
+        return self.policy.go_on(source, conf, u)
 
 # The head reads hidden states only while the policy says it may draft within this many passes
 HIDDEN_LEAD = 16
@@ -396,7 +411,7 @@ class Generation:
             return Draft([]), 0, 0.0
         td = time.perf_counter()
         draft = self.drafter.propose(self.context, self.hidden.take(), k, p_min=self.policy.p_min,
-                                     limit=self.policy.limit)
+                                     limit=PolicyLimit(self.policy))
         made = min(k, len(draft.tokens))
         draws = self.verifier.draws
         if draws is not None:

@@ -179,10 +179,12 @@ class HeadDrafter(Drafter):
             return Draft([], source=self.source)
         hidden = np.concatenate(self.pending)[-self.max_catch_up:]
         self.pending = []
-        return self._chain(context, hidden, k, p_min)
+        return self._chain(context, hidden, k, p_min, getattr(limit, "go_on", None))
 
-    def _chain(self, context: list[int], hidden: np.ndarray, k: int, p_min: float) -> Draft:
-        """Feed the new rows, then draft a greedy chain of up to k tokens."""
+    def _chain(self, context: list[int], hidden: np.ndarray, k: int, p_min: float,
+               go_on=None) -> Draft:
+        """Feed the new rows, then draft a chain of up to k tokens, each next step only where
+        `go_on` (the policy's, see decoding.Limit) says it may pay."""
         h = self.head
         n_ctx = len(context)
         pos0 = n_ctx - 1 - len(hidden)
@@ -200,15 +202,25 @@ class HeadDrafter(Drafter):
             drafts.append(tok)
             conf.append(top)
             qs.append(q)
-            if j + 1 < k:
-                out, cache = h.forward(self.embed[np.array([tok])], out[-1:], n_ctx - 1 + j,
-                                       commit=False, cache=cache)
+            if j + 1 >= k or not self._more(go_on, conf):
+                break
+            out, cache = h.forward(self.embed[np.array([tok])], out[-1:], n_ctx - 1 + j,
+                                   commit=False, cache=cache)
         # the step the policy should count: one-row forwards; the first one read every waiting
         # row, which costs what it costs once and less the more often the head drafts
         t2 = time.perf_counter()
         if len(drafts) > 1 or len(hidden) <= 2:
             self._time_step((t2 - t1) / (len(drafts) - 1) if len(drafts) > 1 else t1 - t0)
         return Draft(drafts, q=qs, conf=conf, source=self.source, step_s=self._one_row_s)
+
+    def _more(self, go_on, conf: list[float]) -> bool:
+        """Whether the chain with these confidences computes its next step (go_on: the
+        policy's, None: always); sampling, the policy also sees the draws of its rows."""
+        if go_on is None:
+            return True
+        u = ([self._draws(i) for i in range(len(conf) + 1)]
+             if self.sampling is not None and self._draws else None)
+        return go_on(self.source, conf, u)
 
     def _pick(self, lg: np.ndarray, j: int) -> tuple[int, float, tuple | None]:
         """Draft j of a chain from the head's draft-vocabulary logits: (target token id, the
@@ -312,6 +324,7 @@ class SharedKVDrafter(HeadDrafter):
         self.keep(hidden)
         if limit:
             k = min(k, limit(self.source))
+        go_on = getattr(limit, "go_on", None)
         qpos = len(context) - 1  # the pending token's position; the cache holds 0..qpos-1
         if self.n == qpos:
             self._ids.extend(context[len(self._ids):qpos])
@@ -330,6 +343,8 @@ class SharedKVDrafter(HeadDrafter):
             drafts.append(tok)
             conf.append(top)
             qs.append(q)
+            if j + 1 < k and not self._more(go_on, conf):
+                break
             x = self.embed[np.array([tok])]
         self._time_step((time.perf_counter() - t0) / (j + 1))
         return Draft(drafts, q=qs, conf=conf, source=self.source, step_s=self._one_row_s)

@@ -73,6 +73,11 @@ class DraftPlanner:
     def trim(self, draft) -> int:
         return len(draft.tokens)
 
+    def go_on(self, source: str, conf: list[float], u: list[float] | None = None) -> bool:
+        """Whether a drafter whose chain so far has these confidences (and, sampling, whose
+        next rows have these draws) should compute its next draft step."""
+        return True
+
     def observe(self, step: Step) -> None:
         pass
 
@@ -117,6 +122,13 @@ FREE_STEP = 0.01  # a draft step under this share of a one-token pass costs next
 # paying likely. Greedy drafts carry no draws and are judged as before.
 U_BINS = 5
 U_PRIOR = 8.0
+# A scored source that costs a real step (a head) is asked to draft one token, a peek, on passes
+# where its running acceptance says a draft would not pay but its confidences say some would: a
+# head is often sure where it is right, and each peeked draft is then trimmed by its own score.
+# The policy keeps, per source, how the first drafts' confidences fall when the source is asked
+# (CALIB_BINS bins), and peeks while the drafts it expects to keep gain more than a step costs;
+# until PEEK_SEEN first drafts have been seen it peeks to learn that.
+PEEK_SEEN = 24
 
 
 def verify_head(engine, top_only: bool) -> str:
@@ -325,6 +337,9 @@ class CostAware(DraftPlanner):
         # last trimmed draft wait here for its verification
         self.by_draw: dict[str, list[list[float]]] = {}
         self._u: dict[str, list[float]] = {}
+        # per scored source that costs a step, how its first drafts' confidences fall when it
+        # is asked (CALIB_BINS counts; see PEEK_SEEN)
+        self.first: dict[str, list[float]] = {}
         for source, entry in (state.items() if isinstance(state, dict) else ()):
             self._restore(str(source), entry)
         self.ema = ema
@@ -350,6 +365,10 @@ class CostAware(DraftPlanner):
                 and all(isinstance(c, list) and len(c) == 2 and all(isinstance(x, (int, float)) for x in c)
                         and 0 <= c[0] <= c[1] <= CALIB_CAP for c in by)):
             self.by_draw[source] = [[float(a), float(n)] for a, n in by]
+        first = entry.get("first")
+        if (isinstance(first, list) and len(first) == CALIB_BINS
+                and all(isinstance(x, (int, float)) and 0 <= x <= CALIB_CAP for x in first)):
+            self.first[source] = [float(x) for x in first]
 
     @property
     def acc(self) -> list[float]:
@@ -391,6 +410,8 @@ class CostAware(DraftPlanner):
             return self.k > 0  # no drafting at all, or the source drafts now
         if self._reach(source) == 0:
             return False  # no draft could pay: never tried
+        # (no peeks counted here: a peek is made where the rows are at hand anyway, never a
+        # reason to read them)
         return self._probe_every(source) - self._wait.get(source, 0) <= passes
 
     def _probe_every(self, source: str) -> int:
@@ -413,10 +434,42 @@ class CostAware(DraftPlanner):
         wait = self._wait.get(source, 0) + 1
         if wait < self._probe_every(source):
             self._wait[source] = wait
-            return best
+            # a peek: the first step is computed, the chain goes on while `go_on` says so
+            return reach if best == 0 and self._peeks(source) else best
         self._wait[source] = 0
         self._trying[source] = (best + 1, best)
         return reach
+
+    def _peeks(self, source: str) -> bool:
+        """Whether a scored source held short should still compute its first draft (see
+        PEEK_SEEN): the drafts trimming would keep, by how the source's first confidences
+        fall, gain more per pass than the step costs (each kept draft gains its expected
+        tokens at the one-token rate, less its longer pass)."""
+        if source not in self._scored or self._free(source):
+            return False
+        seen = self.first.get(source)
+        n = sum(seen) if seen else 0.0
+        if n < PEEK_SEEN:
+            return True
+        base, c0, c1, step = 1.0 + self.others, self.c[0], self.c[1], self._step(source)
+        gain = 0.0
+        for b, m in enumerate(seen):
+            if m > 0:
+                a = self.calibrated(source, [(b + 0.5) / CALIB_BINS])[0]
+                if (base + a) / (c1 + step) > base / c0:  # what `trim` keeps
+                    gain += m * ((base + a) * c0 / base - c1)
+        return gain / n > step
+
+    def go_on(self, source: str, conf: list[float], u: list[float] | None = None) -> bool:
+        """A scored source's chain goes on while a next draft as sure as its last would be
+        verified (its calibrated acceptance, by draw where sampling); a try drafts whole."""
+        if source in self._trying or not conf or self._free(source):
+            return True
+        n = len(conf) + 1
+        if n > self.k:
+            return False
+        cal = self.calibrated(source, list(conf) + [conf[-1]], list(u[:n]) if u else None)
+        return self._best(cal, source) >= n
 
     def calibrated(self, source: str, conf: list[float], u: list[float] | None = None) -> list[float]:
         """The acceptance the policy expects of drafts with these confidences (see CALIB_BINS),
@@ -448,6 +501,11 @@ class CostAware(DraftPlanner):
         if draft.conf:
             self._conf[source] = draft.conf
             self._scored.add(source)
+            if not self._free(source):  # where the first drafts of a costly source fall
+                seen = self.first.setdefault(source, [0.0] * CALIB_BINS)
+                seen[_bin(draft.conf[0])] += 1.0
+                if sum(seen) > CALIB_CAP:
+                    seen[:] = [x / 2 for x in seen]
         if source in self._trying:
             return len(draft.tokens)  # a try is verified whole
         acc = self._acc(source)
@@ -543,7 +601,9 @@ class CostAware(DraftPlanner):
                     **({"calib": [[round(a, 2), round(n, 2)] for a, n in self.calib[s]]}
                        if s in self.calib else {}),
                     **({"draws": [[round(a, 2), round(n, 2)] for a, n in self.by_draw[s]]}
-                       if s in self.by_draw else {})} for s, acc in self.accs.items()}
+                       if s in self.by_draw else {}),
+                    **({"first": [round(x, 2) for x in self.first[s]]} if s in self.first else {})}
+                for s, acc in self.accs.items()}
 
 
 class PolicyStore:

@@ -27,7 +27,7 @@ class RecordingHead(HeadDrafter):
         self.calls.clear()
         self.pending = []
 
-    def _chain(self, context, hidden, k, p_min):
+    def _chain(self, context, hidden, k, p_min, go_on=None):
         self.calls.append((len(context), hidden.copy()))
         return Draft([42] * k, conf=[0.9] * k, source="head")
 
@@ -227,3 +227,66 @@ def test_lookup_scores_its_drafts_by_the_length_of_the_match():
     m = 3 + PromptLookup.MATCH_CAP
     assert got.tokens == [1] and got.conf == [m / (m + 2)]  # the extension is capped
     assert d.propose([5, 6, 7], None, 3).conf == []
+
+
+class FadingHead:
+    """A head whose draft-vocabulary logits at step j have top probability `tops[j]`; counts
+    the steps computed (`forward` for the hidden-state head, `step` for the shared-KV one)."""
+
+    def __init__(self, tops, vocab=20):
+        self.tops, self.vocab, self.steps, self.n, self.k, self.v = tops, vocab, 0, 0, None, None
+
+    def reset(self):
+        self.n = 0
+
+    def _logits(self):
+        p = self.tops[self.steps]
+        self.steps += 1
+        return np.log(np.array([p] + [(1 - p) / (self.vocab - 1)] * (self.vocab - 1)))
+
+    def forward(self, x, hidden, pos, commit=True, cache=None):
+        self.last_logits = self._logits()
+        return np.zeros((len(x), 4), np.float32), cache
+
+    def step(self, x, prev, pos, keys, values):
+        return prev, self._logits()[None]
+
+
+class SureLimit:
+    """A policy's limit that lets a chain go on while its last draft was at least `floor` sure."""
+
+    def __init__(self, k, floor=0.5):
+        self.k, self.floor, self.asked = k, floor, []
+
+    def __call__(self, source):
+        return self.k
+
+    def go_on(self, source, conf, u=None):
+        self.asked.append(list(conf))
+        return conf[-1] >= self.floor
+
+
+@pytest.mark.parametrize("kind", ["hidden", "shared-kv"])
+def test_a_head_computes_its_next_step_only_where_the_policy_lets_the_chain_go_on(kind):
+    """The policy's `go_on` is asked after each draft step: a chain whose draft just fell to
+    0.1 computes no further step (the unsure draft is the policy's to trim); a plain limit,
+    with no `go_on`, gets every step it allowed."""
+    from edgespec.runtime.drafters import SharedKVDrafter
+
+    def drafter(tops):
+        d = object.__new__(SharedKVDrafter if kind == "shared-kv" else HeadDrafter)
+        d.head, d.ids, d.embed = FadingHead(tops), np.arange(100, 120), np.zeros((200, 4), np.float32)
+        d.sampling, d._draws, d._one_row_s, d.source, d.pending = None, None, None, "head", []
+        if kind == "shared-kv":
+            d.n, d._ids, d._h, d._k, d._v = 3, [1, 2, 3], np.zeros((3, 4), np.float32), [], []
+        return d
+
+    ctx, rows = [1, 2, 3, 4], np.zeros((3, 4), np.float32)
+    tops = [0.95, 0.9, 0.1, 0.9, 0.9]
+    d, lim = drafter(tops), SureLimit(5)
+    got = d.propose(ctx, None if kind == "shared-kv" else rows, 5, limit=lim)
+    assert d.head.steps == 3 and len(got.tokens) == 3, (d.head.steps, got)
+    assert got.conf == pytest.approx(tops[:3]) and lim.asked[-1] == pytest.approx(tops[:3])
+    d = drafter(tops)
+    got = d.propose(ctx, None if kind == "shared-kv" else rows, 4, limit=lambda s: 4)
+    assert d.head.steps == 4 and len(got.tokens) == 4

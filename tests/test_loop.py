@@ -220,14 +220,14 @@ def test_a_held_head_reads_no_hidden_states_between_its_tries(head_ckpt, source)
     seen = []
     chain = head._chain
 
-    def checked(context, hidden, k, p_min):
+    def checked(context, hidden, k, p_min, go_on=None):
         pos0 = len(context) - 1 - len(hidden)
         for j, row in enumerate(hidden):  # hidden at m pairs (token m - 1, token m)
             m = pos0 + j
             want = t.proj[context[m - 1] if m else 0, context[m]] + m
             assert np.allclose(row, want), f"row for position {m} is not the target's"
         seen.append(len(hidden))
-        return chain(context, hidden, k, p_min)
+        return chain(context, hidden, k, p_min, go_on)
 
     head._chain = checked
     costs = [0.010, 0.013, 0.016, 0.019]
@@ -246,7 +246,8 @@ def test_a_held_head_reads_no_hidden_states_between_its_tries(head_ckpt, source)
     g = Generation(t, [1, 2, 3, 4], SamplingParams(), max_tokens=300, drafter=head, policy=policy)
     assert [tok for tok, _ in g] == plain_greedy(t, [1, 2, 3, 4], 300)
     st = g.stats
-    assert seen and st.drafted_at[0] == len(seen)  # every try drafted from rows it was given
+    # every verified draft came from rows it was given (peeks its scores trimmed away too)
+    assert seen and 0 < st.drafted_at[0] <= len(seen)
     assert st.hidden_passes == sum(reads[1:])  # (reads[0] is the prompt's rows, none here)
     assert st.hidden_passes < st.verify_passes / 3  # held at zero: mostly no hidden states
     assert {s for s in policy.accs if s.startswith("head")} == {source}  # its estimates, its name
@@ -266,7 +267,7 @@ def test_hidden_states_an_engine_computes_anyway_are_always_read(head_ckpt):
     g = Generation(t, [1, 2, 3, 4], SamplingParams(), max_tokens=200, drafter=head, policy=policy)
     assert [tok for tok, _ in g] == plain_greedy(t, [1, 2, 3, 4], 200)
     assert asked == [True] and g.stats.hidden_passes == g.stats.verify_passes
-    assert g.stats.drafted_at and g.stats.drafted_at[0] < g.stats.verify_passes / 3  # held
+    assert g.stats.drafted_at  # (how often it drafts is the policy's: tests/test_policies.py)
     t2 = MockTarget(vocab=12, seed=5, n_embd=N_EMBD)
     t2.hidden_free = lambda top_only: top_only  # sampling passes read full logits: not free
     policy = FixedCost(3, costs, draft_step_s=0.002, prior=0.05, probe_every=4, max_probe_every=64)

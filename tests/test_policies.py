@@ -3,7 +3,7 @@
 import pytest
 
 from edgespec.runtime.decoding import Draft
-from edgespec.runtime.policies import CostAware, PolicyStore
+from edgespec.runtime.policies import PEEK_SEEN, CostAware, PolicyStore
 
 
 def test_cost_policy_drafts_when_verification_is_cheap_and_drafts_good():
@@ -330,7 +330,7 @@ def test_a_free_scored_source_is_judged_by_its_scores_not_held_back():
     assert p.calibrated("lookup", [0.34])[0] < 0.34  # the band learned it fails
     dear = CostAware(3, costs, draft_step_s=1e-3, prior=0.8)  # a source that costs a step
     head = Draft([1, 2, 3], conf=[0.34, 0.5, 0.6], source="head")
-    for _ in range(5):
+    for _ in range(PEEK_SEEN):  # once its first drafts have been seen (see the peek tests)
         dear.update(dear.trim(head) or 1, 0, "head")
     assert dear.limit("head") == 0  # held back before drafting, as before
 
@@ -343,7 +343,7 @@ def test_drafts_their_scores_trim_away_teach_the_estimate_so_they_stop_being_com
     p = CostAware(3, [0.010, 0.013, 0.016, 0.019], draft_step_s=0.002, prior=0.8,
                   probe_every=16)
     asked = []
-    for _ in range(64):
+    for _ in range(64 + PEEK_SEEN):  # the first PEEK_SEEN drafts are seen (peeks) whatever they say
         n = p.limit("head")
         asked.append(n)
         if n:
@@ -351,7 +351,7 @@ def test_drafts_their_scores_trim_away_teach_the_estimate_so_they_stop_being_com
             assert drafted in (0, n)  # trimmed to nothing unless a try (verified whole)
             p.update(drafted, 0, "head")
     assert asked[0] > 0 and asked[-16:].count(0) >= 15, asked
-    assert sum(1 for n in asked if n) <= 12, asked
+    assert sum(1 for n in asked if n) <= 12 + PEEK_SEEN, asked
 
 
 def test_sampled_drafts_are_verified_as_far_as_their_draws_make_paying_likely():
@@ -377,3 +377,65 @@ def test_sampled_drafts_are_verified_as_far_as_their_draws_make_paying_likely():
     state = p.state()["lookup"]  # kept for the next generation
     again = CostAware(4, [0.010, 0.011, 0.012, 0.013, 0.014], state={"lookup": state})
     assert again.by_draw["lookup"] == [[round(a, 2), round(n, 2)] for a, n in table]
+
+
+def _teach_head(p, sure_share, n=400, seed=0):
+    """Feed `p` n head drafts as the decode loop would (limit, trim, update): a `sure_share` of
+    first drafts at confidence 0.9, accepted 9 times in 10, the rest at 0.15, never accepted.
+    Returns the limits asked."""
+    import numpy as np
+
+    rng, asked = np.random.default_rng(seed), []
+    for _ in range(n):
+        k = p.limit("head")
+        asked.append(k)
+        if not k:
+            p.update(0, 0, "head")
+            continue
+        sure = rng.random() < sure_share
+        conf = ([0.9] * k) if sure else ([0.15] * k)
+        n_ver = p.trim(Draft([1] * k, conf=conf, source="head"))
+        n_acc = next((j for j in range(n_ver) if not (sure and rng.random() < 0.9)), n_ver)
+        p.observe_draft_time(1e-3 * k, k, "head")
+        p.update(n_ver, n_acc, "head")
+    return asked
+
+
+def test_a_held_head_peeks_where_its_sure_drafts_pay():
+    """A head right 9 times in 10 when sure (0.9) and never when unsure (0.15): averaged over
+    its drafts, acceptance of the first draft says drafting does not pay at these costs, yet its
+    sure drafts do. The policy keeps asking it for a first step (a peek), verifies the sure
+    drafts and trims the unsure ones, where a head sure too rarely to win back its step is held
+    back as before (bar the periodic tries)."""
+    costs = [0.010, 0.015, 0.018, 0.021]
+    often = CostAware(3, costs, draft_step_s=1e-3, prior=0.8, probe_every=16)
+    asked = _teach_head(often, sure_share=0.35)
+    assert often._best(often.acc_for("head"), "head") == 0  # the running estimate says no
+    assert sum(1 for k in asked[-100:] if k) >= 95, asked[-100:]  # yet it peeks
+    assert often.trim(Draft([1, 2, 3], conf=[0.9, 0.9, 0.9], source="head")) == 3
+    assert often.trim(Draft([1, 2, 3], conf=[0.15, 0.15, 0.15], source="head")) == 0
+    rare = CostAware(3, costs, draft_step_s=1e-3, prior=0.8, probe_every=16)
+    asked = _teach_head(rare, sure_share=0.04)
+    assert sum(1 for k in asked[-100:] if k) <= 12, asked[-100:]
+    state = often.state()["head"]  # what it saw of first drafts carries to the next generation
+    assert sum(state["first"]) >= PEEK_SEEN
+    again = CostAware(3, costs, draft_step_s=1e-3, state={"head": state}, probe_every=16)
+    again._scored.add("head")
+    assert again.limit("head") > 0 and again.first["head"] == state["first"]
+
+
+def test_a_chain_goes_on_while_a_next_draft_as_sure_would_be_verified():
+    """`go_on`: after each draft step of a costly scored source, whether a next draft as sure
+    as the last would be verified (its calibrated acceptance); a try drafts whole; a free
+    source (prompt lookup) is never asked to stop."""
+    costs = [0.010, 0.015, 0.018, 0.021]
+    p = CostAware(3, costs, draft_step_s=1e-3, prior=0.8, probe_every=16)
+    _teach_head(p, sure_share=0.35)
+    assert p.go_on("head", [0.9]) and p.go_on("head", [0.9, 0.9])
+    assert not p.go_on("head", [0.9, 0.15])
+    p._trying["head"] = (3, 0)
+    assert p.go_on("head", [0.9, 0.15])
+    p._trying.clear()
+    p.trim(Draft([1, 2], conf=[0.2, 0.2], source="lookup"))
+    p.observe_draft_time(3e-6, 2, "lookup")
+    assert p.go_on("lookup", [0.01])

@@ -88,6 +88,10 @@ def _ggml():
 
 
 INVARIANCE_FILE = "batch_invariance.json"  # cache: LlamaTarget.invariant_batch per library+model
+HEAD_CHOICE_FILE = "batched_head_choice.json"  # cache: whether "auto" takes the batched head here
+# "auto" keeps the batched LM head only where a one-row sampled pass through it costs at most
+# this much more than through llama.cpp's own head (rows past the first are far cheaper in it)
+BATCHED_ONE_ROW_SLACK = 1.05
 
 # llama.cpp hands layer inputs to a draft model (what EAGLE-3 reads) only for the architectures
 # whose graph records them; the pinned version's `llama` graph does, its `gemma3` graph does not
@@ -314,8 +318,65 @@ class LlamaTarget(LlamaVocab, Engine):
                       "instead", file=sys.stderr)
         self.feature_layers: tuple[int, ...] = ()  # layer inputs every hidden read carries too
         self.kv_layers: tuple[int, ...] = ()  # layers whose keys and values hidden reads carry
+        if lm_head == "auto" and self.batched_head is not None and not self._batched_pays_here():
+            self.batched_head = None
         self.draft_k = 6 if self.lowrank or self.batched_head else 3
         self.draft_k_sampled = 6 if self.batched_head else 3
+
+    def _batched_pays_here(self) -> bool:
+        """Whether the batched LM head's one-row sampled pass (decode, its head, the numpy chain)
+        is no dearer than llama.cpp's own one-row pass here (BATCHED_ONE_ROW_SLACK): most
+        sampled passes are one row, and where its head is not faster than llama.cpp's (memory
+        bandwidth alike for both, or llama.cpp's OpenMP threads still spinning while
+        onnxruntime runs: an app that imported llama_cpp before edgespec keeps libgomp's long
+        spin, see edgespec/__init__.py) it would make sampling slower than llama_cpp.Llama.
+        Measured once per library build, model, CPU, threads, attention and import state, in
+        interleaved one-token decodes (about half a second), and kept in edgespec's cache."""
+        from edgespec import GOMP_AT_IMPORT
+        from edgespec.runtime.policies import cpu_model
+
+        lib = llama_lib.loaded_lib_dir()
+        libs = sorted(p for p in lib.iterdir() if p.name.startswith(("libllama.", "libggml")))
+        key = "|".join([*(file_identity(p) for p in libs), file_identity(self.model_file),
+                        cpu_model(), f"fa={self.flash_attn}", f"t={self.n_threads}",
+                        f"gomp={GOMP_AT_IMPORT}"])
+        cached = read_json(HEAD_CHOICE_FILE).get(key)
+        if isinstance(cached, dict) and isinstance(cached.get("batched"), bool):
+            return cached["batched"]
+        ms = self.time_one_row_heads()
+        pays = ms["batched"] <= BATCHED_ONE_ROW_SLACK * ms["llama.cpp"]
+        put_json(HEAD_CHOICE_FILE, key, {"batched": pays, "ms": ms})
+        return pays
+
+    def time_one_row_heads(self, rounds: int = 12) -> dict[str, float]:
+        """Median ms of a one-row sampled pass through the batched head and through llama.cpp's
+        own (interleaved one-token decodes at the same position; empties the cache)."""
+        import time
+
+        from edgespec.runtime.sampling import SamplingParams, chain
+
+        sp = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+        seq = self.tokenize("The river rose in the spring of that year, and the old mill by "
+                            "the bridge turned again after a long winter.")
+        head, times = self.batched_head, {"batched": [], "llama.cpp": []}
+        self.reset()
+        try:
+            self.prefill(seq[:-1])
+            for i in range(2 * rounds + 2):  # alternating, the first pair a warm-up
+                which = "batched" if i % 2 == 0 else "llama.cpp"
+                self.batched_head = head if which == "batched" else None
+                t0 = time.perf_counter()
+                logits, _ = self.decode(seq[-1:], copy=which == "batched")
+                if which == "batched":  # the chain llama.cpp runs in C, edgespec in numpy
+                    chain(logits[0], sp)
+                dt = time.perf_counter() - t0
+                self.truncate(len(self.tokens) - 1)
+                if i >= 2:
+                    times[which].append(dt)
+        finally:
+            self.batched_head = head
+            self.reset()
+        return {k: round(1000 * float(np.median(v)), 3) for k, v in times.items()}
 
     def metadata(self) -> dict[str, str]:
         """The GGUF metadata as llama.cpp reads it (key -> value as text)."""

@@ -99,3 +99,53 @@ def test_gemma_rows_through_the_batched_head_are_llama_cpps():
         np.argsort(-r)[None, :64], h[i:i + 1], q8_x=True)[0] for i, r in enumerate(rows)]
     for r, want in zip(rows, ref):  # the top 64 of each row, rescored as llama.cpp would
         np.testing.assert_allclose(np.sort(r)[::-1][:64], want, atol=1e-3)
+
+
+def test_auto_keeps_the_batched_head_only_where_its_one_row_pass_is_no_dearer(monkeypatch):
+    """`lm_head="auto"` times a one-row sampled pass through the batched head and through
+    llama.cpp's own once per library, model, CPU, threads and import state (an app that
+    imported llama_cpp first leaves llama.cpp's OpenMP threads spinning while onnxruntime runs),
+    keeps the choice in edgespec's cache, and drops the batched head where it is dearer."""
+    import edgespec
+    from edgespec.runtime import llama_target as lt
+
+    timed = []
+
+    def fake(self, rounds=12):
+        timed.append(rounds)
+        return dict(ms)
+
+    monkeypatch.setattr(lt.LlamaTarget, "time_one_row_heads", fake)
+    monkeypatch.setattr(edgespec, "GOMP_AT_IMPORT", "preloaded:test-a")
+    ms = {"batched": 15.0, "llama.cpp": 12.0}
+    dear = lt.LlamaTarget("gemma3-270m", n_ctx=256)
+    assert dear.batched_head is None and dear.draft_k_sampled == 3 and timed == [12]
+    again = lt.LlamaTarget("gemma3-270m", n_ctx=256, spec=dear.spec)  # the kept choice
+    assert again.batched_head is None and timed == [12]
+    monkeypatch.setattr(edgespec, "GOMP_AT_IMPORT", "edgespec:test-b")  # another state: timed
+    ms = {"batched": 12.4, "llama.cpp": 12.0}
+    cheap = lt.LlamaTarget("gemma3-270m", n_ctx=256, spec=dear.spec)
+    assert cheap.batched_head is not None and cheap.draft_k_sampled == 6 and len(timed) == 2
+    told = lt.LlamaTarget("gemma3-270m", n_ctx=256, spec=dear.spec, lm_head="batched")
+    assert told.batched_head is not None and len(timed) == 2  # asked for: never timed
+
+
+def test_the_one_row_timing_is_real_and_leaves_the_cache_empty():
+    from edgespec.runtime.llama_target import LlamaTarget
+
+    e = LlamaTarget("gemma3-270m", n_ctx=256, lm_head="batched")
+    ms = e.time_one_row_heads(rounds=3)
+    assert set(ms) == {"batched", "llama.cpp"} and all(0 < v < 10_000 for v in ms.values())
+    assert e.tokens == [] and e.batched_head is not None
+
+
+@pytest.mark.parametrize("first", ["llama_cpp", "edgespec"])
+def test_edgespec_knows_whether_llama_cpp_came_first(first):
+    import subprocess
+    import sys
+
+    code = f"import {first}, edgespec; print(edgespec.GOMP_AT_IMPORT)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in __import__("os").environ.items() if k != "GOMP_SPINCOUNT"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("preloaded:" if first == "llama_cpp" else "edgespec:")

@@ -52,6 +52,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="passes over the prompts")
     ap.add_argument("--mode", choices=sorted(MODES), action="append",
                     help="modes to run (default: both)")
+    ap.add_argument("--seed", type=int, default=2000, help="prompt i samples with seed + i")
     a = ap.parse_args()
     if a.max_tokens < 1 or a.rounds < 1:
         ap.error("--max-tokens and --rounds must be positive")
@@ -98,7 +99,7 @@ def main() -> int:
                 for i, prompt in enumerate(PROMPTS):
                     order = [ref_name, *(arms if (i + r) % 2 == 0 else arms[::-1])]
                     for name in order:
-                        rows[name].append(call(name, prompt, 2000 + i, a.max_tokens, kw))
+                        rows[name].append(call(name, prompt, a.seed + i, a.max_tokens, kw))
             per_prompt[mode] = rows
             summary[mode] = summarise(rows, ref_name, arms)
             for arm in arms:
@@ -110,7 +111,7 @@ def main() -> int:
         else:
             os.environ["EDGESPEC_CACHE"] = home
     doc = {"target": a.target, "call": "create_completion(prompt, max_tokens, seed, **mode)",
-           "prompts": len(PROMPTS), "rounds": a.rounds, "max_tokens": a.max_tokens,
+           "prompts": len(PROMPTS), "rounds": a.rounds, "seed": a.seed, "max_tokens": a.max_tokens,
            "summary": summary, "per_prompt": per_prompt, "machine": machine_info(threads)}
     print("wrote", write_result(ROOT / "results", f"peek-ab-{a.target}", doc))
     return 0

@@ -17,8 +17,10 @@ pytestmark = pytest.mark.integration
 PROMPT = "one two three four, one two three four, one two three four, one two"
 
 
-@pytest.mark.parametrize("target", ["gemma3-270m", "smollm2-135m"])
-def test_the_same_seed_gives_llama_cpps_text_with_drafts(target):
+# Gemma 3 270M checks the batched LM head's rows sampled in numpy (named: `auto` keeps it only
+# where it times faster on the machine), SmolLM2 llama.cpp's own chain in its context.
+@pytest.mark.parametrize("target,lm_head", [("gemma3-270m", "batched"), ("smollm2-135m", "auto")])
+def test_the_same_seed_gives_llama_cpps_text_with_drafts(target, lm_head):
     import edgespec  # noqa: F401  (before llama_cpp: the library EDGESPEC_LLAMA_LIB selects)
     from llama_cpp import Llama
 
@@ -28,10 +30,12 @@ def test_the_same_seed_gives_llama_cpps_text_with_drafts(target):
 
     path = str(resolve_target(target))
     ref = Llama(model_path=path, n_ctx=512, n_threads=2, verbose=False)
-    plain = SpeculativeLlama(model_path=path, n_ctx=512, draft=None)
-    drafted = SpeculativeLlama(model_path=path, n_ctx=512, draft="lookup", k=4, policy="fixed")
+    plain = SpeculativeLlama(model_path=path, n_ctx=512, draft=None, lm_head=lm_head)
+    drafted = SpeculativeLlama(model_path=path, n_ctx=512, draft="lookup", k=4, policy="fixed",
+                               lm_head=lm_head)
     native = drafted.engine.native_sampler(SamplingParams(temperature=1.0), 1)
-    assert (native is not None) == (target == "smollm2-135m")  # the path this case checks
+    assert (native is not None) == (drafted.engine.batched_head is None)
+    assert (drafted.engine.batched_head is not None) == (lm_head == "batched")  # the path checked
     kw = dict(max_tokens=8, temperature=1.0, top_k=20)
     texts, n_drafted = [], 0
     for seed in range(40):

@@ -107,7 +107,9 @@ def test_parallel_data_writes_what_one_at_a_time_writes(tmp_path):
     # invariant build would not): the whole continuations agree for at least half
     assert greedy and 2 * sum(a["tokens"] == b["tokens"] for a, b in greedy) >= len(greedy)
     # where a pair parts, it parts at a near-tie of the target's own logits there: both tokens
-    # are its top two, close together (a slot reading another sequence's rows would not be)
+    # are among its top three, each within 1.0 of the top logit (a slot reading another
+    # sequence's rows would not be; three, as this check's own decode is a third batch shape
+    # and a tie may be three-way: measured once, 359/457 parted where 457/722 led)
     from edgespec.runtime.llama_target import LlamaTarget
 
     eng = LlamaTarget("smollm2-135m", n_ctx=256, lm_head="full")
@@ -120,9 +122,10 @@ def test_parallel_data_writes_what_one_at_a_time_writes(tmp_path):
             eng.reset()
             eng.prefill(a["tokens"][:n - 1])
             row = eng.decode([a["tokens"][n - 1]])[0][-1]
-            top2 = np.argsort(row)[-2:]
-            assert {a["tokens"][n], b["tokens"][n]} == set(top2.tolist()), (a["index"], n)
-            assert row[top2[1]] - row[top2[0]] < 1.0, (a["index"], n)
+            top3 = set(np.argsort(row)[-3:].tolist())
+            for tok in (a["tokens"][n], b["tokens"][n]):
+                assert tok in top3, (a["index"], n, tok)
+                assert row.max() - row[tok] < 1.0, (a["index"], n, tok)
     finally:
         eng.close()
     # a finished folder is complete: calling again writes nothing new

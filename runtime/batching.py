@@ -271,6 +271,10 @@ class SlotCostAware(CostAware):
         self._see_others()
         return super().trim(draft)
 
+    def kept(self, source: str, conf: list[float], u: list[float] | None = None) -> int:
+        self._see_others()
+        return super().kept(source, conf, u)
+
     def update(self, drafted: int, accepted: int, source: str = "") -> None:
         super().update(drafted, accepted, source)
         self.batcher.note_emitted(self.seq, accepted + 1)

@@ -56,7 +56,9 @@ class Draft:
 # The policy's most drafts worth making now from a named source ("lookup", "head"); drafters
 # ask before drafting, so a draft step that would be trimmed away is never computed. A limit
 # may also answer `go_on(source, conf, u)`: whether a chain with these confidences so far (and
-# these draws for its rows, sampling) should compute its next step (PolicyLimit).
+# these draws for its rows, sampling) should compute its next step, `kept(source, conf, u)`: how
+# much of such a draft would be verified, and `seen(source, conf)`: a draft set aside unverified
+# (PolicyLimit).
 Limit = Callable[[str], int]
 
 
@@ -71,6 +73,12 @@ class PolicyLimit:
 
     def go_on(self, source: str, conf: list[float], u: list[float] | None = None) -> bool:
         return self.policy.go_on(source, conf, u)
+
+    def kept(self, source: str, conf: list[float], u: list[float] | None = None) -> int:
+        return self.policy.kept(source, conf, u)
+
+    def seen(self, source: str, conf: list[float]) -> None:
+        self.policy.seen(source, conf)
 
 # The head reads hidden states only while the policy says it may draft within this many passes
 HIDDEN_LEAD = 16

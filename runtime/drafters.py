@@ -218,9 +218,14 @@ class HeadDrafter(Drafter):
         policy's, None: always); sampling, the policy also sees the draws of its rows."""
         if go_on is None:
             return True
-        u = ([self._draws(i) for i in range(len(conf) + 1)]
-             if self.sampling is not None and self._draws else None)
-        return go_on(self.source, conf, u)
+        return go_on(self.source, conf, self.draws_for(len(conf) + 1))
+
+    def draws_for(self, n: int) -> list[float] | None:
+        """Sampling, the draws the target's rows for a chain's first n drafts will use; None
+        when greedy (or no draws are known)."""
+        if self.sampling is None or not self._draws:
+            return None
+        return [self._draws(i) for i in range(n)]
 
     def _pick(self, lg: np.ndarray, j: int) -> tuple[int, float, tuple | None]:
         """Draft j of a chain from the head's draft-vocabulary logits: (target token id, the
@@ -410,9 +415,24 @@ class MixedDrafter(Drafter):
         if d.tokens and self.lookup.last_match >= self.min_match:
             return d
         d = self.head.propose(context, None, k, p_min, limit)
-        if d.tokens or self.single is None:
+        if self.single is None:
             return d
-        return self.single.propose(context, None, k, limit=limit)
+        if d.tokens:
+            # a head held short may still take a step (a peek, policies.CostAware); where the
+            # policy would trim that draft away, a one-token match gets the pass instead
+            kept = getattr(limit, "kept", None)
+            if kept is None or kept(d.source, d.conf, self.head.draws_for(len(d.tokens))) > 0:
+                return d
+        t0 = time.perf_counter()
+        one = self.single.propose(context, None, k, limit=limit)
+        if not one.tokens:
+            return d
+        seen = getattr(limit, "seen", None)
+        if d.tokens and seen is not None:
+            seen(d.source, d.conf)  # the head's set-aside draft still tells where they fall
+        # the match's own time: the head's set-aside step is not the lookup's cost
+        one.step_s = (time.perf_counter() - t0) / len(one.tokens)
+        return one
 
 
 def make_drafter(draft: str | None, spec, kv: bool = False):

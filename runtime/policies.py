@@ -78,6 +78,15 @@ class DraftPlanner:
         next rows have these draws) should compute its next draft step."""
         return True
 
+    def seen(self, source: str, conf: list[float]) -> None:
+        """A scored draft that a drafter made and then set aside, unverified (see `kept`)."""
+
+    def kept(self, source: str, conf: list[float], u: list[float] | None = None) -> int:
+        """How much of a draft with these confidences `trim` would verify, asked by a drafter
+        that has another draft to offer where this one would be trimmed away (no side
+        effects)."""
+        return len(conf)
+
     def observe(self, step: Step) -> None:
         pass
 
@@ -496,16 +505,28 @@ class CostAware(DraftPlanner):
             out[j] = min(1.0, acc[j] * ((h + U_PRIOR * rate) / (m + U_PRIOR)) / rate)
         return out
 
+    def seen(self, source: str, conf: list[float]) -> None:
+        # every first draft of a costly scored source counts where its first drafts fall (the
+        # peeks' evidence), verified or set aside
+        if not conf:
+            return
+        self._scored.add(source)
+        if not self._free(source):
+            seen = self.first.setdefault(source, [0.0] * CALIB_BINS)
+            seen[_bin(conf[0])] += 1.0
+            if sum(seen) > CALIB_CAP:
+                seen[:] = [x / 2 for x in seen]
+
+    def kept(self, source: str, conf: list[float], u: list[float] | None = None) -> int:
+        if source in self._trying or not conf:
+            return len(conf)
+        return min(len(conf), self._best(self.calibrated(source, conf, u), source))
+
     def trim(self, draft) -> int:
         source = draft.source
         if draft.conf:
             self._conf[source] = draft.conf
-            self._scored.add(source)
-            if not self._free(source):  # where the first drafts of a costly source fall
-                seen = self.first.setdefault(source, [0.0] * CALIB_BINS)
-                seen[_bin(draft.conf[0])] += 1.0
-                if sum(seen) > CALIB_CAP:
-                    seen[:] = [x / 2 for x in seen]
+            self.seen(source, draft.conf)
         if source in self._trying:
             return len(draft.tokens)  # a try is verified whole
         acc = self._acc(source)

@@ -22,6 +22,7 @@ class RecordingHead(HeadDrafter):
 
     def __init__(self):
         self.calls, self.pending = [], []
+        self.sampling, self._draws = None, None
 
     def reset(self):
         self.calls.clear()
@@ -121,6 +122,44 @@ def test_a_head_held_back_leaves_the_pass_to_a_one_token_match():
     got = d.propose(ctx, None, 3, limit=limits.get)
     assert got.tokens == [42] and got.source == "head" and head.calls[0][1].shape == (1, 4)
     assert d.propose([3, 4], np.ones((1, 4), np.float32), 3, limit=limits.get).tokens == [42]
+
+
+class KeepingLimit:
+    """A policy's limit that previews its trim: it keeps a draft only from `floor` sure, and
+    records the drafts it is told were set aside."""
+
+    def __init__(self, limits, floor):
+        self.limits, self.floor, self.set_aside = limits, floor, []
+
+    def __call__(self, source):
+        return self.limits[source]
+
+    def kept(self, source, conf, u=None):
+        return next((i for i, c in enumerate(conf) if c < self.floor), len(conf))
+
+    def seen(self, source, conf):
+        self.set_aside.append((source, list(conf)))
+
+
+def test_a_head_draft_the_policy_would_trim_away_leaves_the_pass_to_a_one_token_match():
+    """A head held short may still take a step (a peek); where the policy's preview says that
+    draft would be trimmed to nothing, a one-token match drafts instead (timed on its own, not
+    with the head's step), and the policy is told of the set-aside draft. A draft it would keep
+    stands, and with no match the head's draft is returned for the policy to trim."""
+    head = RecordingHead()
+    d = MixedDrafter(head, min_match=2)
+    ctx = [5, 7, 8, 9, 6, 5]  # only [5] occurred before: 7, 8 followed it
+    lim = KeepingLimit({"lookup2+": 3, "head": 2, "lookup1": 2}, floor=0.95)  # head sure at 0.9
+    got = d.propose(ctx, np.zeros((1, 4), np.float32), 3, limit=lim)
+    assert got.tokens == [7, 8] and got.source == "lookup1" and len(head.calls) == 1
+    assert lim.set_aside == [("head", [0.9, 0.9])]
+    assert got.step_s is not None and got.step_s < 0.01
+    lim.floor = 0.5  # now the head's draft would be verified: it stands
+    got = d.propose(ctx, np.zeros((1, 4), np.float32), 3, limit=lim)
+    assert got.tokens == [42, 42] and got.source == "head" and len(lim.set_aside) == 1
+    lim.floor = 0.95
+    got = d.propose([3, 4], np.ones((1, 4), np.float32), 3, limit=lim)  # no match at all
+    assert got.tokens == [42, 42] and got.source == "head" and len(lim.set_aside) == 1
 
 
 def test_a_long_pause_costs_the_head_one_short_catch_up():

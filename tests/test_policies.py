@@ -439,3 +439,25 @@ def test_a_chain_goes_on_while_a_next_draft_as_sure_would_be_verified():
     p.trim(Draft([1, 2], conf=[0.2, 0.2], source="lookup"))
     p.observe_draft_time(3e-6, 2, "lookup")
     assert p.go_on("lookup", [0.01])
+
+
+def test_the_policy_previews_its_trim_and_counts_set_aside_first_drafts():
+    """`kept` says what `trim` would verify of a draft with these confidences and changes
+    nothing (no draft waits for verification, no first draft counted); `seen` counts a set-aside
+    draft's first confidence where the peeks look, as a trimmed one would be."""
+    costs = [0.010, 0.015, 0.018, 0.021]
+    p = CostAware(3, costs, draft_step_s=1e-3, prior=0.8, probe_every=16)
+    _teach_head(p, sure_share=0.35)
+    before = (list(p.first["head"]), dict(p._conf), [list(c) for c in p.calib["head"]])
+    for conf in ([0.9, 0.9, 0.9], [0.15, 0.15, 0.15], [0.9, 0.15, 0.9]):
+        assert p.kept("head", conf) == p.trim(Draft([1] * 3, conf=conf, source="head"))
+        p._conf.pop("head")
+    p.first["head"] = list(before[0])
+    assert p.kept("head", [0.15, 0.15]) == 0 and p.kept("head", [0.9, 0.9]) == 2
+    assert (p.first["head"], p._conf, p.calib["head"]) == before
+    p.seen("head", [0.15, 0.15])
+    low = int(0.15 * 10)
+    assert p.first["head"][low] == before[0][low] + 1
+    assert sum(p.first["head"]) == sum(before[0]) + 1
+    p._trying["head"] = (3, 0)
+    assert p.kept("head", [0.15, 0.15, 0.15]) == 3  # a try is verified whole

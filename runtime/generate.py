@@ -50,7 +50,8 @@ def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch
     folder made by `edgespec export onnx-target` (whose LM head was chosen at export: `lm_head`
     applies to llama.cpp targets, see LlamaTarget, as does `flash_attn`). `draft`: the drafter
     it will serve: a head reads hidden states through llama.cpp's probe (a shared-KV head needs
-    it; an MTP head reads its prompt rows from the prompt's own batches with it)."""
+    it; an MTP head reads its prompt rows from the prompt's own batches with it); none at all:
+    every pass is one row, which the batched LM head does not make cheaper (LlamaTarget)."""
     p = Path(str(target)).expanduser()
     if p.is_dir():
         from edgespec.runtime.ort_target import OrtTarget
@@ -59,7 +60,7 @@ def open_target(target, n_ctx: int = 4096, n_threads: int | None = None, n_batch
     from edgespec.runtime.llama_target import LlamaTarget
 
     return LlamaTarget(target, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, lm_head=lm_head,
-                       flash_attn=flash_attn, probe=reads_hidden(draft))
+                       flash_attn=flash_attn, probe=reads_hidden(draft), drafts=draft is not None)
 
 
 def generate(target: str | Path | Target, prompt: str, max_tokens: int = 128,

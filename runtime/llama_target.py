@@ -234,7 +234,7 @@ class LlamaTarget(LlamaVocab, Engine):
     def __init__(self, target: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, swa_full: bool = False, spec: TargetSpec | None = None,
                  lm_head: str = "auto", probe: bool = False, n_seq: int = 1,
-                 flash_attn: bool | None = None):
+                 flash_attn: bool | None = None, drafts: bool = True):
         """lm_head: "auto" (greedy rows that need only their top token through the low-rank
         search where a basis ships; rows that need every logit (sampling, logprobs, grammar)
         through the batched head where the head's type allows and it is at least half the model
@@ -244,10 +244,13 @@ class LlamaTarget(LlamaVocab, Engine):
         low-rank head (`hidden_states`). n_seq: sequences the cache holds (`decode_parts`; the
         single-sequence methods use sequence 0); n_ctx cells are shared by all of them.
         flash_attn: None lets llama.cpp choose (it takes flash attention on CPUs), False is
-        llama_cpp.Llama's default."""
+        llama_cpp.Llama's default. drafts: False for an engine that will verify no drafts
+        (every pass one row): "auto" then keeps llama.cpp's own head and sampler for rows that
+        need every logit, as llama_cpp.Llama decodes, since the batched head pays only across
+        rows."""
         self.spec = spec or load_target_spec(target)
         self.model_file = Path(self.spec.path)
-        batched = lm_head == "batched" or (lm_head == "auto" and batched_pays(self.spec))
+        batched = lm_head == "batched" or (lm_head == "auto" and drafts and batched_pays(self.spec))
         basis = self._basis(lm_head)
         if lm_head == "batched" and not batched_supported(self.spec):
             raise EdgespecError(f"--lm-head batched: {self.spec.name}'s LM head is "

@@ -130,6 +130,23 @@ def test_auto_keeps_the_batched_head_only_where_its_one_row_pass_is_no_dearer(mo
     assert told.batched_head is not None and len(timed) == 2  # asked for: never timed
 
 
+def test_an_engine_without_drafts_samples_as_llama_cpp_does(monkeypatch):
+    """With no drafter every pass is one row, which the batched head does not make cheaper:
+    `auto` then keeps llama.cpp's own head and C sampler chain (never timing the choice);
+    named, the batched head is still loaded."""
+    from edgespec.runtime import llama_target as lt
+    from edgespec.runtime.generate import open_target
+    from edgespec.runtime.sampling import SamplingParams
+
+    monkeypatch.setattr(lt.LlamaTarget, "time_one_row_heads",
+                        lambda self, rounds=12: pytest.fail("no choice to time"))
+    plain = open_target("gemma3-270m", n_ctx=256, draft=None)
+    assert plain.batched_head is None and plain.lowrank is not None
+    assert plain.native_sampler(SamplingParams(temperature=0.8, top_k=40), 1) is not None
+    told = open_target("gemma3-270m", n_ctx=256, draft=None, lm_head="batched")
+    assert told.batched_head is not None
+
+
 def test_the_one_row_timing_is_real_and_leaves_the_cache_empty():
     from edgespec.runtime.llama_target import LlamaTarget
 

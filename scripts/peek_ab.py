@@ -4,6 +4,11 @@ still drafts where its first confidences say a kept draft pays, its chain going 
 llama-cpp-python's defaults and greedy.
 
     .venv/bin/python scripts/peek_ab.py [--target gemma3-270m] [--max-tokens 128] [--rounds 1]
+        [--compare peeks|set-aside]
+
+`--compare set-aside` runs, instead, the default drafter as it is against one whose peeked
+head drafts are verified even where the policy would trim them away (`PolicyLimit.kept`
+answering the whole draft: no one-token match takes the pass instead).
 
 Development prompts of this script's own (not the bench's held-out set, whose figures come from
 `edgespec bench`). Three objects on the same file, each prompt in turn (llama_cpp.Llama, then
@@ -53,6 +58,8 @@ def main() -> int:
     ap.add_argument("--mode", choices=sorted(MODES), action="append",
                     help="modes to run (default: both)")
     ap.add_argument("--seed", type=int, default=2000, help="prompt i samples with seed + i")
+    ap.add_argument("--compare", choices=("peeks", "set-aside"), default="peeks",
+                    help="what the second arm turns off (see the module doc)")
     a = ap.parse_args()
     if a.max_tokens < 1 or a.rounds < 1:
         ap.error("--max-tokens and --rounds must be positive")
@@ -61,17 +68,19 @@ def main() -> int:
 
     from edgespec.io import write_result
     from edgespec.measure.bench import machine_info
-    from edgespec.runtime import policies
+    from edgespec.runtime import decoding, policies
     from edgespec.runtime.api import SpeculativeLlama
     from edgespec.runtime.llama_target import default_threads
     from edgespec.targets import resolve_target
 
     path, threads = str(resolve_target(a.target)), default_threads()
-    ref_name, arms = "llama_cpp.Llama", ("peeks on", "peeks off")
+    ref_name = "llama_cpp.Llama"
+    arms = ("peeks on", "peeks off") if a.compare == "peeks" else ("set aside", "verified whole")
     objs = {ref_name: Llama(model_path=path, n_ctx=2048, n_threads=threads, verbose=False),
             **{arm: SpeculativeLlama(model_path=path, n_ctx=2048, n_threads=threads, draft="default")
                for arm in arms}}
     real_peeks, real_go_on = policies.CostAware._peeks, policies.CostAware.go_on
+    real_kept = decoding.PolicyLimit.kept
     learned = tempfile.mkdtemp(prefix="edgespec-peek-ab.")
     home = os.environ.get("EDGESPEC_CACHE")
 
@@ -79,6 +88,8 @@ def main() -> int:
         off = name == "peeks off"
         policies.CostAware._peeks = (lambda self, s: False) if off else real_peeks
         policies.CostAware.go_on = (lambda self, s, c, u=None: True) if off else real_go_on
+        whole = name == "verified whole"
+        decoding.PolicyLimit.kept = (lambda self, s, c, u=None: len(c)) if whole else real_kept
         if name != ref_name:  # this drop-in's own policy state
             os.environ["EDGESPEC_CACHE"] = os.path.join(learned, name.replace(" ", "-"))
         t0 = time.perf_counter()
@@ -106,11 +117,13 @@ def main() -> int:
                 print(mode, arm, summary[mode][arm], flush=True)
     finally:
         policies.CostAware._peeks, policies.CostAware.go_on = real_peeks, real_go_on
+        decoding.PolicyLimit.kept = real_kept
         if home is None:
             os.environ.pop("EDGESPEC_CACHE", None)
         else:
             os.environ["EDGESPEC_CACHE"] = home
     doc = {"target": a.target, "call": "create_completion(prompt, max_tokens, seed, **mode)",
+           "compare": a.compare,
            "prompts": len(PROMPTS), "rounds": a.rounds, "seed": a.seed, "max_tokens": a.max_tokens,
            "summary": summary, "per_prompt": per_prompt, "machine": machine_info(threads)}
     print("wrote", write_result(ROOT / "results", f"peek-ab-{a.target}", doc))

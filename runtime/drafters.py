@@ -369,6 +369,9 @@ class MixedDrafter(Drafter):
     are kept and fed to it in one batch, so its cache stays complete."""
 
     needs_hidden = True
+    # Off: measured on Gemma (scripts/peek_ab.py --compare set-aside) it did not pay; what the
+    # policy learns swings more between runs than the switch moves it
+    set_aside_peeks = False
 
     def __init__(self, head: HeadDrafter, lookup: PromptLookup | None = None, min_match: int = 2):
         # lookup only proposes n-grams of min_match or more: the head drafts everywhere else
@@ -417,15 +420,18 @@ class MixedDrafter(Drafter):
         d = self.head.propose(context, None, k, p_min, limit)
         if self.single is None:
             return d
+        kept = getattr(limit, "kept", None) if self.set_aside_peeks else None
         if d.tokens:
-            # a head held short may still take a step (a peek, policies.CostAware); where the
-            # policy would trim that draft away, a one-token match gets the pass instead
-            kept = getattr(limit, "kept", None)
+            # set_aside_peeks: a head held short may still take a step (a peek,
+            # policies.CostAware); where the policy would trim that draft away and would verify
+            # a one-token match, the match gets the pass instead (where it would trim both, the
+            # head's draft goes on to be trimmed: what the policy learns from it is the head's)
             if kept is None or kept(d.source, d.conf, self.head.draws_for(len(d.tokens))) > 0:
                 return d
         t0 = time.perf_counter()
         one = self.single.propose(context, None, k, limit=limit)
-        if not one.tokens:
+        if not one.tokens or (d.tokens and not kept(
+                one.source, one.conf, self.head.draws_for(len(one.tokens)))):
             return d
         seen = getattr(limit, "seen", None)
         if d.tokens and seen is not None:

@@ -6,9 +6,9 @@ llama-cpp-python's defaults and greedy.
     .venv/bin/python scripts/peek_ab.py [--target gemma3-270m] [--max-tokens 128] [--rounds 1]
         [--compare peeks|set-aside]
 
-`--compare set-aside` runs, instead, the default drafter as it is against one whose peeked
-head drafts are verified even where the policy would trim them away (`PolicyLimit.kept`
-answering the whole draft: no one-token match takes the pass instead).
+`--compare set-aside` runs, instead, the default drafter with `MixedDrafter.set_aside_peeks`
+on (a peeked head draft the policy would trim away leaves the pass to a one-token match) against
+the default drafter as it ships (off: every peeked draft goes to the policy's trim).
 
 Development prompts of this script's own (not the bench's held-out set, whose figures come from
 `edgespec bench`). Three objects on the same file, each prompt in turn (llama_cpp.Llama, then
@@ -68,7 +68,7 @@ def main() -> int:
 
     from edgespec.io import write_result
     from edgespec.measure.bench import machine_info
-    from edgespec.runtime import decoding, policies
+    from edgespec.runtime import policies
     from edgespec.runtime.api import SpeculativeLlama
     from edgespec.runtime.llama_target import default_threads
     from edgespec.targets import resolve_target
@@ -80,7 +80,6 @@ def main() -> int:
             **{arm: SpeculativeLlama(model_path=path, n_ctx=2048, n_threads=threads, draft="default")
                for arm in arms}}
     real_peeks, real_go_on = policies.CostAware._peeks, policies.CostAware.go_on
-    real_kept = decoding.PolicyLimit.kept
     learned = tempfile.mkdtemp(prefix="edgespec-peek-ab.")
     home = os.environ.get("EDGESPEC_CACHE")
 
@@ -88,8 +87,8 @@ def main() -> int:
         off = name == "peeks off"
         policies.CostAware._peeks = (lambda self, s: False) if off else real_peeks
         policies.CostAware.go_on = (lambda self, s, c, u=None: True) if off else real_go_on
-        whole = name == "verified whole"
-        decoding.PolicyLimit.kept = (lambda self, s, c, u=None: len(c)) if whole else real_kept
+        if name in ("set aside", "verified whole"):
+            objs[name].drafter.set_aside_peeks = name == "set aside"
         if name != ref_name:  # this drop-in's own policy state
             os.environ["EDGESPEC_CACHE"] = os.path.join(learned, name.replace(" ", "-"))
         t0 = time.perf_counter()
@@ -117,7 +116,6 @@ def main() -> int:
                 print(mode, arm, summary[mode][arm], flush=True)
     finally:
         policies.CostAware._peeks, policies.CostAware.go_on = real_peeks, real_go_on
-        decoding.PolicyLimit.kept = real_kept
         if home is None:
             os.environ.pop("EDGESPEC_CACHE", None)
         else:

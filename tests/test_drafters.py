@@ -125,40 +125,50 @@ def test_a_head_held_back_leaves_the_pass_to_a_one_token_match():
 
 
 class KeepingLimit:
-    """A policy's limit that previews its trim: it keeps a draft only from `floor` sure, and
-    records the drafts it is told were set aside."""
+    """A policy's limit that previews its trim: it keeps a source's draft up to its first
+    confidence below that source's floor, and records the drafts it is told were set aside."""
 
-    def __init__(self, limits, floor):
-        self.limits, self.floor, self.set_aside = limits, floor, []
+    def __init__(self, limits, floors):
+        self.limits, self.floors, self.set_aside = limits, floors, []
 
     def __call__(self, source):
         return self.limits[source]
 
     def kept(self, source, conf, u=None):
-        return next((i for i, c in enumerate(conf) if c < self.floor), len(conf))
+        return next((i for i, c in enumerate(conf) if c < self.floors[source]), len(conf))
 
     def seen(self, source, conf):
         self.set_aside.append((source, list(conf)))
 
 
-def test_a_head_draft_the_policy_would_trim_away_leaves_the_pass_to_a_one_token_match():
-    """A head held short may still take a step (a peek); where the policy's preview says that
-    draft would be trimmed to nothing, a one-token match drafts instead (timed on its own, not
-    with the head's step), and the policy is told of the set-aside draft. A draft it would keep
-    stands, and with no match the head's draft is returned for the policy to trim."""
+def test_a_head_draft_the_policy_would_trim_away_may_leave_the_pass_to_a_one_token_match():
+    """With `set_aside_peeks` on (off as shipped: measured not to pay), a head held short may
+    still take a step (a peek); where the policy's preview says that
+    draft would be trimmed to nothing and the one-token match would be verified, the match
+    drafts instead (timed on its own, not with the head's step), and the policy is told of the
+    set-aside draft. A head draft it would keep stands; where it would trim the match too, or
+    there is no match, the head's draft is returned for the policy to trim."""
     head = RecordingHead()
     d = MixedDrafter(head, min_match=2)
-    ctx = [5, 7, 8, 9, 6, 5]  # only [5] occurred before: 7, 8 followed it
-    lim = KeepingLimit({"lookup2+": 3, "head": 2, "lookup1": 2}, floor=0.95)  # head sure at 0.9
-    got = d.propose(ctx, np.zeros((1, 4), np.float32), 3, limit=lim)
-    assert got.tokens == [7, 8] and got.source == "lookup1" and len(head.calls) == 1
+    ctx = [5, 7, 8, 9, 6, 5]  # only [5] occurred before: 7, 8 followed it (scores 1/3, 1/2)
+    rows = lambda: np.zeros((1, 4), np.float32)  # noqa: E731
+    floors = {"head": 0.95, "lookup1": 0.3}  # the head's drafts are 0.9 sure
+    lim = KeepingLimit({"lookup2+": 3, "head": 2, "lookup1": 2}, floors)
+    got = d.propose(ctx, rows(), 3, limit=lim)  # as shipped (switch off): the head's draft
+    assert got.tokens == [42, 42] and got.source == "head" and not lim.set_aside
+    d.set_aside_peeks = True
+    got = d.propose(ctx, rows(), 3, limit=lim)
+    assert got.tokens == [7, 8] and got.source == "lookup1" and len(head.calls) == 2
     assert lim.set_aside == [("head", [0.9, 0.9])]
     assert got.step_s is not None and got.step_s < 0.01
-    lim.floor = 0.5  # now the head's draft would be verified: it stands
-    got = d.propose(ctx, np.zeros((1, 4), np.float32), 3, limit=lim)
+    floors["head"] = 0.5  # now the head's draft would be verified: it stands
+    got = d.propose(ctx, rows(), 3, limit=lim)
     assert got.tokens == [42, 42] and got.source == "head" and len(lim.set_aside) == 1
-    lim.floor = 0.95
-    got = d.propose([3, 4], np.ones((1, 4), np.float32), 3, limit=lim)  # no match at all
+    floors.update(head=0.95, lookup1=0.4)  # both would be trimmed away: the head's goes on
+    got = d.propose(ctx, rows(), 3, limit=lim)
+    assert got.tokens == [42, 42] and got.source == "head" and len(lim.set_aside) == 1
+    floors["lookup1"] = 0.3
+    got = d.propose([3, 4], rows(), 3, limit=lim)  # no match at all
     assert got.tokens == [42, 42] and got.source == "head" and len(lim.set_aside) == 1
 
 

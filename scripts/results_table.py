@@ -17,7 +17,7 @@ HEAD_BEGIN, HEAD_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 # llama.cpp's own speculation in it
 HEADLINE = "bench-gemma3-270m-session20.json"
 # and the app's view beside it: the drop-in against llama_cpp.Llama (`bench --workload defaults`)
-HEADLINE_APP = "workload-defaults-session22.json"
+HEADLINE_APP = "workload-defaults-session24.json"
 # and how long the README's first command takes on a fresh clone
 HEADLINE_DEMO = "demo-time.json"
 

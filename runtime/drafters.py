@@ -418,27 +418,28 @@ class MixedDrafter(Drafter):
         if d.tokens and self.lookup.last_match >= self.min_match:
             return d
         d = self.head.propose(context, None, k, p_min, limit)
-        if self.single is None:
+        # set_aside_peeks: a head held short may still take a step (a peek, policies.CostAware);
+        # where the policy would trim that draft away and would verify a one-token match, the
+        # match gets the pass instead (where it would trim both, the head's draft goes on to be
+        # trimmed: what the policy learns from it is the head's)
+        if self.single is None or (d.tokens and not self._trimmed_away(d, limit)):
             return d
-        kept = getattr(limit, "kept", None) if self.set_aside_peeks else None
-        if d.tokens:
-            # set_aside_peeks: a head held short may still take a step (a peek,
-            # policies.CostAware); where the policy would trim that draft away and would verify
-            # a one-token match, the match gets the pass instead (where it would trim both, the
-            # head's draft goes on to be trimmed: what the policy learns from it is the head's)
-            if kept is None or kept(d.source, d.conf, self.head.draws_for(len(d.tokens))) > 0:
-                return d
         t0 = time.perf_counter()
         one = self.single.propose(context, None, k, limit=limit)
-        if not one.tokens or (d.tokens and not kept(
+        if not one.tokens or (d.tokens and not limit.kept(
                 one.source, one.conf, self.head.draws_for(len(one.tokens)))):
             return d
-        seen = getattr(limit, "seen", None)
-        if d.tokens and seen is not None:
-            seen(d.source, d.conf)  # the head's set-aside draft still tells where they fall
-        # the match's own time: the head's set-aside step is not the lookup's cost
+        if d.tokens:
+            limit.seen(d.source, d.conf)  # the head's set-aside draft still tells where they fall
+        # the match's own time: the head's step (set aside or not taken) is not the lookup's cost
         one.step_s = (time.perf_counter() - t0) / len(one.tokens)
         return one
+
+    def _trimmed_away(self, d: Draft, limit) -> bool:
+        """Whether the head's draft may be set aside: the switch is on and the policy's preview
+        says it would verify none of it."""
+        return (self.set_aside_peeks and hasattr(limit, "kept")
+                and limit.kept(d.source, d.conf, self.head.draws_for(len(d.tokens))) == 0)
 
 
 def make_drafter(draft: str | None, spec, kv: bool = False):

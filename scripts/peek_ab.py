@@ -59,7 +59,7 @@ def main() -> int:
                     help="modes to run (default: both)")
     ap.add_argument("--seed", type=int, default=2000, help="prompt i samples with seed + i")
     ap.add_argument("--compare", choices=("peeks", "set-aside"), default="peeks",
-                    help="what the second arm turns off (see the module doc)")
+                    help="the switch the two arms differ in (see the module doc)")
     a = ap.parse_args()
     if a.max_tokens < 1 or a.rounds < 1:
         ap.error("--max-tokens and --rounds must be positive")

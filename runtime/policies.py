@@ -197,9 +197,18 @@ class VerifyCost:
     too few timings are interpolated between observed ones (past the longest, extended along
     its slope unless the scaled prior is lower), or else follow the prior scaled by how the
     observed lengths compare with theirs: a machine that got busier makes every length dearer
-    at once. The cost policy tries a longer draft now and then, so longer lengths get timings."""
+    at once. The cost policy tries a longer draft now and then, so longer lengths get timings.
+
+    With `STALE` set, a length no pass has been timed at for that many passes (of any length)
+    forgets its timings and goes by its neighbours and the prior again: a busy stretch that made
+    a length look dear keeps it so otherwise, since the policy stops verifying lengths it thinks
+    too dear and no new timing corrects them (`timed` turns false again, so the policy's tries
+    reach that far once more). Off as shipped: after a made busy stretch that left the long
+    lengths stuck dear, forgetting them won back longer passes but no speed
+    (scripts/stale_cost_ab.py: past four rows a pass costs about what its extra tokens gain)."""
 
     MIN_OBS = 3
+    STALE: int | None = None  # passes after which a length's timings go stale; None: never
 
     def __init__(self, prior: list[float], window: int = 16, key: str | None = None):
         if not prior or min(prior) <= 0:
@@ -208,6 +217,8 @@ class VerifyCost:
         self.obs = [deque(maxlen=window) for _ in prior]
         self.est: list[float | None] = [None] * len(prior)  # per length, its timings' median
         self.curve = list(prior)
+        self.passes = 0  # passes timed so far, of any length
+        self.last = [0] * len(prior)  # per length, the pass it was last timed at
 
     def __len__(self) -> int:
         return len(self.prior)
@@ -217,10 +228,20 @@ class VerifyCost:
 
     def observe(self, n: int, seconds: float) -> None:
         if 1 <= n <= len(self.prior) and seconds > 0:
+            self.passes += 1
             o = self.obs[n - 1]
             o.append(seconds)
-            if len(o) >= self.MIN_OBS:  # only this length's median moves
+            self.last[n - 1] = self.passes
+            moved = len(o) >= self.MIN_OBS
+            if moved:  # only this length's median moves
                 self.est[n - 1] = statistics.median(o)
+            if self.STALE is not None:
+                for i, old in enumerate(self.obs):
+                    if old and self.passes - self.last[i] > self.STALE:
+                        old.clear()
+                        moved = moved or self.est[i] is not None
+                        self.est[i] = None
+            if moved:
                 self._update()
 
     def _update(self) -> None:
@@ -298,7 +319,8 @@ class CostAware(DraftPlanner):
     any draft could pay were every token right at the learned costs (verified untrimmed), so
     its acceptance at those positions and the cost of those lengths keep being measured and can
     recover (drafts tend to be right or wrong as a whole: one such try lifts every position at
-    once; lengths no draft could pay for are never tried). The wait between tries starts at
+    once; lengths no draft could pay for at their timed costs are not tried, unless those
+    timings go stale: VerifyCost.STALE). The wait between tries starts at
     `probe_every` passes and doubles after each try that leaves the next draft position well
     short of paying (its acceptance
     estimate under 0.8 of the break-even one, up to `max_probe_every`): a source that never

@@ -50,14 +50,29 @@ PROMPTS = [
 MODES = {"library defaults": {}, "temperature 0": {"temperature": 0.0}}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_run_args(ap: argparse.ArgumentParser, rounds: int) -> None:
+    """The arguments every A/B on these prompts takes."""
     ap.add_argument("--target", default="gemma3-270m")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=1, help="passes over the prompts")
+    ap.add_argument("--rounds", type=int, default=rounds, help="passes over the prompts")
     ap.add_argument("--mode", choices=sorted(MODES), action="append",
                     help="modes to run (default: both)")
     ap.add_argument("--seed", type=int, default=2000, help="prompt i samples with seed + i")
+
+
+def timed_call(obj, prompt: str, seed: int, max_tokens: int, kw: dict) -> dict:
+    """One create_completion, timed whole: its tokens, seconds and decode statistics."""
+    t0 = time.perf_counter()
+    out = obj.create_completion(prompt, max_tokens=max_tokens, seed=seed, **kw)
+    sec = time.perf_counter() - t0
+    spec = out.get("speculative") or {}
+    return {"tokens": out["usage"]["completion_tokens"], "seconds": round(sec, 6),
+            "verify_passes": spec.get("verify_passes"), "by_source": spec.get("by_source")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_args(ap, rounds=1)
     ap.add_argument("--compare", choices=("peeks", "set-aside"), default="peeks",
                     help="the switch the two arms differ in (see the module doc)")
     a = ap.parse_args()
@@ -91,12 +106,7 @@ def main() -> int:
             objs[name].drafter.set_aside_peeks = name == "set aside"
         if name != ref_name:  # this drop-in's own policy state
             os.environ["EDGESPEC_CACHE"] = os.path.join(learned, name.replace(" ", "-"))
-        t0 = time.perf_counter()
-        out = objs[name].create_completion(prompt, max_tokens=max_tokens, seed=seed, **kw)
-        sec = time.perf_counter() - t0
-        spec = out.get("speculative") or {}
-        return {"tokens": out["usage"]["completion_tokens"], "seconds": round(sec, 6),
-                "verify_passes": spec.get("verify_passes"), "by_source": spec.get("by_source")}
+        return timed_call(objs[name], prompt, seed, max_tokens, kw)
 
     summary, per_prompt = {}, {}
     try:

@@ -156,19 +156,26 @@ def test_learned_curve_is_stored_as_the_next_prior(tmp_path, monkeypatch):
     assert stored[1] == pytest.approx(0.004) and stored[0] == pytest.approx(0.002)
 
 
+def _sure_drafts(p, true: list[float], passes: int) -> list[int]:
+    """Drive a policy with sure drafts (confidence 0.95, all accepted) whose passes take `true`
+    seconds by length; the lengths it verified, pass by pass."""
+    ks = []
+    for _ in range(passes):
+        k = p.limit("")
+        n = p.trim(Draft([7] * k, conf=[0.95] * k)) if k else 0
+        p.observe_verify(n + 1, true[n])
+        p.update(n, n)
+        ks.append(n)
+    return ks
+
+
 def test_cost_policy_explores_lengths_its_prior_calls_dear():
     """A prior whose tail is too steep would keep drafts short for ever (no timing of the long
     lengths ever arrives); tries one draft longer every `probe_every` passes time them, and
     the policy moves to the long drafts the machine really pays for."""
     true = [0.010, 0.011, 0.012, 0.013, 0.014]
     p = CostAware(4, [0.010, 0.011, 0.012, 0.060, 0.080], draft_step_s=1e-4, prior=0.9, probe_every=8)
-    ks = []
-    for _ in range(80):
-        k = p.limit("")
-        n = p.trim(Draft([7] * k, conf=[0.95] * k)) if k else 0
-        p.observe_verify(n + 1, true[n])
-        p.update(n, n)
-        ks.append(n)
+    ks = _sure_drafts(p, true, 80)
     assert ks[0] == 2 and ks[-1] == 4  # short at first, long once the long lengths were timed
     assert p.c[4] == pytest.approx(0.014)
 
@@ -252,6 +259,31 @@ def test_lengths_no_draft_could_pay_for_are_not_tried_once_timed():
     p = CostAware(3, c, draft_step_s=1e-4, prior=0.1, probe_every=4)
     tried = {p.limit("") for _ in range(40)}
     assert tried == {0, 1}
+
+
+def test_lengths_a_busy_stretch_made_dear_are_timed_again_once_stale():
+    """A busy stretch times every length dear; the lengths in use recover within a window, but
+    the long ones then look too dear to verify, so no new timing would ever correct them: once
+    their timings are STALE passes old they go by their neighbours again, are tried, and the
+    policy drafts long once more. With timings that never go stale it stays short."""
+    from edgespec.runtime.policies import VerifyCost
+
+    true = [0.010, 0.011, 0.012, 0.013, 0.014]
+
+    def run(stale):
+        c = VerifyCost(true)
+        c.STALE = stale
+        for n in range(1, 6):  # the busy stretch: every length dearer, the long ones most
+            for _ in range(16):
+                c.observe(n, 3.0 * true[n - 1] + (0.05 if n > 3 else 0.0))
+        p = CostAware(4, c, draft_step_s=1e-4, prior=0.9, probe_every=8)
+        return _sure_drafts(p, true, 400), p
+
+    stuck, p = run(None)
+    assert max(stuck[50:]) <= 2 and p.c[4] > 0.04  # the trap: never long again
+    ks, p = run(64)
+    assert max(ks[:40]) <= 2  # dear at first: the stretch's timings are fresh
+    assert ks[-1] == 4 and p.c[4] == pytest.approx(0.014)  # long again, timed right
 
 
 def test_soon_says_when_a_held_source_may_draft_again():

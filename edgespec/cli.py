@@ -78,7 +78,8 @@ def _args_generate(s) -> None:
 def _cmd_data(args) -> int:
     from edgespec.training.data import DataConfig, make_data
 
-    cfg = DataConfig(n_prompts=args.n_prompts, prompt_tokens=args.prompt_tokens,
+    cfg = DataConfig(n_prompts=args.n_prompts, skip_prompts=args.skip_prompts,
+                     prompt_tokens=args.prompt_tokens,
                      new_tokens=args.new_tokens, sample_share=args.sample_share, seed=args.seed,
                      chat=args.chat, shard_size=args.shard_size, text_tokens=args.text_tokens)
     m = make_data(args.target, args.prompts, args.out, cfg, parallel=args.parallel)
@@ -93,6 +94,9 @@ def _args_data(s) -> None:
                         "'site-packages'")
     s.add_argument("--out", required=True)
     s.add_argument("--n-prompts", type=_positive_int, default=400)
+    s.add_argument("--skip-prompts", type=_nonneg_int, default=0, metavar="N",
+                   help="leave out the first N passages of the seeded order (a later stage's "
+                        "data: the passages after an earlier stage's --n-prompts)")
     s.add_argument("--prompt-tokens", type=_positive_int, default=48)
     s.add_argument("--new-tokens", type=_nonneg_int, default=128,
                    help="tokens the target writes per prompt; 0: the text alone (--text-tokens)")
@@ -269,7 +273,7 @@ def _cmd_eval_head(args) -> int:
 
 
 def _args_eval_head(s) -> None:
-    s.add_argument("ckpt")
+    s.add_argument("ckpt", help="a checkpoint folder, or a carried state (`train --carry DIR`)")
     s.add_argument("--features", default=None, help="held-out hidden states stored by `extract`")
     s.add_argument("--data", default=None, help="or a data folder: the target runs on its held-out samples")
     s.add_argument("--max-chain", type=_positive_int, default=8)

@@ -18,25 +18,13 @@
 # Finished (step 6000 of 6000): its head ships as runtime/heads/gemma3-270m/shared-kv-int8.onnx;
 # the carried state stays as the only copy of its weights, for a next stage's --init-from.
 set -euo pipefail
-out=${1:?run folder}; steps=${STEPS:-6000}; n=${N_PROMPTS:-5000}; target=gemma3-270m
+out=${1:?run folder}; steps=${STEPS:-6000}; n=${N_PROMPTS:-5000}
 carry=${CARRY:-carry/gemma3-270m-shared-kv-more}
 stage1=${STAGE1:-runs/long}
-es=.venv/bin/edgespec
+source "$(dirname "$0")/stage_steps.sh"
 mkdir -p "$out"
-done_() { [ -f "$1/manifest.json" ] && grep -q '"complete": true' "$1/manifest.json"; }
-resume=()
-if [ -f "$carry/carry.json" ] || [ -f "$out/head/train_state.pt" ]; then
-    resume=(--resume)
-else
+if [ ! -f "$carry/carry.json" ] && [ ! -f "$out/head/train_state.pt" ]; then
     [ -f "$stage1/head/config.json" ] || scripts/long_run.sh "$stage1"
 fi
-done_ "$out/data" || $es data --target $target --out "$out/data" --prompts stdlib \
-    --new-tokens 0 --text-tokens 256 --n-prompts "$n" --seed 5
-done_ "$out/feat-kv" || $es extract --target $target --data "$out/data" --out "$out/feat-kv" \
-    --dtype int4 --n-batch 256 --kv
-$es train --target $target --features "$out/feat-kv" --out "$out/head" --steps "$steps" --seed 0 \
-    --arch shared-kv --init-from "$stage1/head" --optimizer muon --lr 5e-4 --muon-lr 5e-3 \
-    --save-every 200 \
-    --carry "$carry" "${resume[@]}"
-[ -s "$out/head.eval.json" ] || { $es eval-head "$out/head" --features "$out/feat-kv" --json \
-    > "$out/head.eval.tmp" && mv "$out/head.eval.tmp" "$out/head.eval.json"; }
+stage_features "$out" "$n" 0
+stage_train "$out" "$steps" "$stage1/head" "$carry"

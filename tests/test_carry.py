@@ -127,3 +127,42 @@ def test_carry_reads_damaged_files_cleanly_and_takes_fields_it_did_not_know(tiny
     with pytest.raises(EdgespecError, match="unreadable carry state"):
         train(str(path), feats, tmp / "other", cfg(), resume=True, head_overrides=HEAD,
               log=lambda m: None, carry=tmp / "carry")
+
+
+def test_a_carried_state_starts_a_new_run_on_other_data(tiny):
+    """`--init-from CARRY_DIR`: a later stage with another recipe (other flags, other features)
+    starts from the weights a carried run reached, with no need to re-make that run's features
+    first: its first loss is the carried head's, not a fresh one's, and it keeps the carried
+    draft vocabulary; `eval-head` reads the carried state too. The carried state is left as it
+    was; a carry of another arch or a damaged one is refused clearly."""
+    from edgespec.training.train import eval_head, load_checkpoint, train
+
+    path, spec, feats, tmp = tiny
+    base = train(str(path), feats, tmp / "base", small_cfg(), head_overrides=HEAD,
+                 log=lambda m: None, carry=tmp / "carry")
+    before = (tmp / "carry" / "carry.json").read_text()
+    cfg = lambda **kw: small_cfg(steps=6, warmup=2, save_every=6, lr=1e-3, **kw)  # noqa: E731
+    fresh = train(str(path), feats, tmp / "fresh", cfg(), head_overrides=HEAD, log=lambda m: None)
+    cont = train(str(path), feats, tmp / "cont", cfg(init_from=str(tmp / "carry")), log=lambda m: None)
+    first = cont["train"]["history"][0]["loss"]
+    assert first < 0.5 * fresh["train"]["history"][0]["loss"], (first, fresh["train"]["history"][0])
+    assert first < 2 * base["train"]["history"][-1]["loss"] + 0.5
+    other = write_features(tmp / "other", spec, seed=1)
+    train(str(path), other, tmp / "cont2", cfg(init_from=str(tmp / "carry")), log=lambda m: None)
+    _, mb = load_checkpoint(tmp / "base")
+    for run in ("cont", "cont2"):
+        _, mc = load_checkpoint(tmp / run)
+        assert (mb["draft_vocab"]["ids"] == mc["draft_vocab"]["ids"]).all() and mb["head"] == mc["head"]
+    assert (tmp / "carry" / "carry.json").read_text() == before
+    # eval-head reads a carried state as the checkpoint of its step (weights rounded to fp16)
+    at_carry = eval_head(tmp / "carry", feats, max_chain=3)["acceptance_by_position"]
+    at_ckpt = eval_head(tmp / "base", feats, max_chain=3)["acceptance_by_position"]
+    assert at_carry == pytest.approx(at_ckpt, abs=0.03) and at_ckpt[0] > 0.2
+    with pytest.raises(EdgespecError, match="not eagle3"):
+        train(str(path), other, tmp / "c2", cfg(init_from=str(tmp / "carry"), arch="eagle3"),
+              log=lambda m: None)
+    doc = json.loads(before)
+    (tmp / "bad").mkdir()
+    (tmp / "bad" / "carry.json").write_text(json.dumps({**doc, "files": []}))
+    with pytest.raises(EdgespecError, match="unreadable carry state"):
+        train(str(path), other, tmp / "c3", cfg(init_from=str(tmp / "bad")), log=lambda m: None)

@@ -168,6 +168,35 @@ def test_text_only_data_from_site_packages_with_provenance(tmp_path):
     assert json.loads(feats.stdout)["tokens"] == sum(len(s["tokens"]) for s in samples)
 
 
+def test_a_later_stages_data_takes_the_next_passages_of_the_same_order(tmp_path):
+    """`data --skip-prompts N`: the passages after the first N of the same seeded order, so a
+    later training stage gets text no earlier stage had (the first stage's --n-prompts N);
+    skipping past every passage is a one-line error, exit 2, nothing written."""
+    import json
+    import subprocess
+    import sys
+
+    from edgespec.training.data import DataConfig, make_data
+
+    def samples(folder):
+        return [json.loads(x) for f in sorted(folder.glob("samples-*.jsonl")) for x in f.read_text().splitlines()]
+
+    cfg = dict(new_tokens=0, text_tokens=32, seed=3)
+    make_data("smollm2-135m", ["stdlib"], tmp_path / "all", DataConfig(n_prompts=6, **cfg))
+    make_data("smollm2-135m", ["stdlib"], tmp_path / "first", DataConfig(n_prompts=3, **cfg))
+    make_data("smollm2-135m", ["stdlib"], tmp_path / "next", DataConfig(n_prompts=3, skip_prompts=3, **cfg))
+    whole = [(s["source"], s["tokens"]) for s in samples(tmp_path / "all")]
+    parts = [(s["source"], s["tokens"]) for d in ("first", "next") for s in samples(tmp_path / d)]
+    assert len(whole) == 6 and parts == whole
+    assert json.loads((tmp_path / "next" / "manifest.json").read_text())["config"]["skip_prompts"] == 3
+    (tmp_path / "few.txt").write_text("x" * 90 + "\n\n" + "y" * 90)  # two passages
+    bad = subprocess.run([sys.executable, "-m", "edgespec", "data", "--target", "smollm2-135m",
+                          "--prompts", str(tmp_path / "few.txt"), "--new-tokens", "0", "--skip-prompts", "5",
+                          "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--skip-prompts 5" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.fixture(scope="module")
 def smol_data(tmp_path_factory):
     """A small data folder written by the real SmolLM2 target."""

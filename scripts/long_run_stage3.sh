@@ -16,8 +16,11 @@
 # for STEPS steps (default 4000, about three epochs), a checkpoint every 200 steps, each also
 # written to carry/gemma3-270m-shared-kv-stage3 (~1.5 s a step on 2 cores: a run spans
 # sessions; each re-makes the data and features, then resumes).
-# When the run is done: eval-head of the finished head and of the stage-2 head on this stage's
-# held-out samples, which neither trained on (JSON beside the run).
+# Carried so far: step 2800 of 4000 (the session ran out before the last steps; the next one
+# re-makes the features, ~15 min here, and resumes with this same command).
+# When the run is done: eval-head of the finished head on this stage's held-out samples (JSON
+# beside the run); `scripts/eval_heads.py --features runs/stage3/feat-kv ...` compares it with
+# the stage-2 head on the same samples, which neither trained on.
 set -euo pipefail
 out=${1:?run folder}; steps=${STEPS:-4000}; n=${N_PROMPTS:-3262}
 carry=${CARRY:-carry/gemma3-270m-shared-kv-stage3}

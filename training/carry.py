@@ -170,8 +170,8 @@ def _read_doc(folder: Path) -> dict:
     return doc
 
 
-def carried_weights(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict, int]:
-    """(the head's trainable weights in float32, the checkpoint's meta, the step) of a carried
+def carried_weights(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """(the head's trainable weights in float32, the checkpoint's meta) of a carried
     state, whatever recipe it was carried for: what a new run with `--init-from DIR` starts
     from (its optimizer state and schedule stay behind, as for a checkpoint). The frozen LM
     head is not among the weights: it comes from the target's rows."""
@@ -190,8 +190,8 @@ def carried_weights(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict, 
         missing = sorted(names - {f"head/{k}" for k in head})
         if missing:
             raise ValueError(f"no tensor {missing[0]}")
-        meta, step = doc["checkpoint"], int(doc["state"]["step"])
+        meta = doc["checkpoint"]
         meta["draft_vocab"]["ids"] = np.asarray(meta["draft_vocab"]["ids"], dtype=np.int64)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, SafetensorError) as e:
         raise EdgespecError(f"{folder}: unreadable carry state ({one_line(e)})") from None
-    return head, meta, step
+    return head, meta

@@ -309,26 +309,29 @@ def load_checkpoint(folder: str | Path) -> tuple[MTPHead | Eagle3Head, dict]:
     return head, meta
 
 
-def load_head(folder: str | Path, rows=None) -> tuple[MTPHead | Eagle3Head | SharedKVHead, dict]:
+def load_head(folder: str | Path) -> tuple[MTPHead | Eagle3Head | SharedKVHead, dict]:
     """A checkpoint, or the weights a carried state (`train --carry DIR`) reached, whatever its
-    recipe: (head, meta) either way. A carried head's frozen LM head comes from its target's
-    rows again (`rows(meta)`: the embedding rows to take them from, or None for the target the
-    meta names)."""
+    recipe: (head, meta) either way. A carried head's frozen LM head comes from the rows of the
+    target its meta names."""
     folder = Path(folder)
     if (folder / CKPT_CONFIG).exists() or not has_carry(folder):
         return load_checkpoint(folder)
-    weights, meta, _ = carried_weights(folder)
-    embed = rows(meta) if rows else None
-    if embed is None:
-        embed = embedding_rows(checkpoint_target(meta))
-    head = make_head(meta["head"])
-    weights["lm_head"] = torch.from_numpy(np.asarray(embed[meta["draft_vocab"]["ids"]], np.float32))
+    weights, meta = carried_weights(folder)
     try:
-        head.load_state_dict(weights)
+        head = _head_from(meta, weights, embedding_rows(checkpoint_target(meta)))
     except RuntimeError as e:
         raise EdgespecError(f"{folder}: carried weights do not match their config ({one_line(e)})") from None
     head.eval()
     return head, meta
+
+
+def _head_from(meta: dict, weights: dict, embed):
+    """The head `meta` describes with carried `weights`, its frozen LM head the target's rows of
+    the draft vocabulary again (the carried state leaves them out)."""
+    head = make_head(meta["head"])
+    weights["lm_head"] = torch.from_numpy(np.asarray(embed[meta["draft_vocab"]["ids"]], np.float32))
+    head.load_state_dict(weights)
+    return head
 
 
 def _restore_carry(carried, carry, out: Path, state_path: Path, embed, log) -> None:
@@ -340,9 +343,7 @@ def _restore_carry(carried, carry, out: Path, state_path: Path, embed, log) -> N
         mine = torch.load(state_path, weights_only=False, map_location="cpu")["step"]
         if mine >= st["step"]:
             return
-    head = make_head(meta["head"])
-    st["head"]["lm_head"] = torch.from_numpy(np.asarray(embed[meta["draft_vocab"]["ids"]], np.float32))
-    head.load_state_dict(st["head"])
+    head = _head_from(meta, st["head"], embed)
     out.mkdir(parents=True, exist_ok=True)
     save_checkpoint(out, head, meta)
     atomic_write(state_path, lambda tmp: torch.save(st, tmp))
@@ -481,7 +482,7 @@ def _lr_factor(step: int, cfg: TrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))
 
 
-def _warm_start(cfg: TrainConfig, spec, head_overrides, embed):
+def _warm_start(cfg: TrainConfig, spec, head_overrides):
     """A new run that starts from another checkpoint's weights and draft vocabulary (continued
     training: fresh optimizer state and learning-rate schedule). The checkpoint may be a carried
     state (`--carry DIR` of an earlier run, of any recipe): its weights at the step it carries,
@@ -492,9 +493,8 @@ def _warm_start(cfg: TrainConfig, spec, head_overrides, embed):
     src = Path(cfg.init_from)
     if not (src / CKPT_CONFIG).exists() and not has_carry(src):
         raise EdgespecError(f"--init-from {src}: no checkpoint there")
-    mine = lambda meta: embed if meta.get("target_fingerprint") == spec.tokenizer_fingerprint else None  # noqa: E731
-    head, m = load_head(src, mine)
-    if m.get("target_fingerprint") != spec.tokenizer_fingerprint:
+    head, m = load_head(src)
+    if m["target_fingerprint"] != spec.tokenizer_fingerprint:
         raise EdgespecError(f"--init-from {src} is a head for another target")
     if head_arch(m["head"]) != cfg.arch:
         raise EdgespecError(f"--init-from {src} is a {head_arch(m['head'])} head, not {cfg.arch}")
@@ -572,7 +572,7 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
         if out.exists() and (out / CKPT_CONFIG).exists() and not resume:
             raise EdgespecError(f"{out} already holds a checkpoint; pass --resume or a new --out")
         if cfg.init_from:
-            head, vocab = _warm_start(cfg, spec, head_overrides, embed)
+            head, vocab = _warm_start(cfg, spec, head_overrides)
         else:
             vocab = build_draft_vocab([feats.tokens[i] for i in train_idx], cfg.draft_vocab,
                                       spec.n_vocab, always=[spec.eos_id])

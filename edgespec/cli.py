@@ -262,7 +262,7 @@ def _cmd_eval_head(args) -> int:
         raise EdgespecError("give either --features DIR or --data DIR (the target then runs on it)")
     features = args.features or args.data
     r = eval_head(args.ckpt, features, max_chain=args.max_chain, start_from=args.start_from,
-                  online=bool(args.data))
+                  online=bool(args.data), all_samples=args.all_samples)
     if args.json:
         print(json.dumps(r))
     else:
@@ -278,6 +278,9 @@ def _args_eval_head(s) -> None:
     s.add_argument("--data", default=None, help="or a data folder: the target runs on its held-out samples")
     s.add_argument("--max-chain", type=_positive_int, default=8)
     s.add_argument("--start-from", type=int, default=0, help="count chain starts from this position on")
+    s.add_argument("--all-samples", action="store_true",
+                   help="score every sample, not only the held-out ones (for a folder made from "
+                        "held-out text)")
     s.add_argument("--json", action="store_true")
 
 

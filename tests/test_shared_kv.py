@@ -139,6 +139,12 @@ def test_shared_kv_head_trains_resumes_and_evaluates(tiny_kv):
     assert head.c.layer_types == ["sliding", "global"] and head.c.d_model == 24
     r = eval_head(tmp / "skv", feats, max_chain=3)
     assert r["expected_accepted"]["1"] >= 0.4, r
+    # every sample of a folder of held-out text (not only its held-out twentieth), and only the
+    # chain starts past a prompt
+    every = eval_head(tmp / "skv", feats, max_chain=3, all_samples=True)
+    assert every["samples"] == len(f.sample_ids()) > r["samples"]
+    later = eval_head(tmp / "skv", feats, max_chain=3, all_samples=True, start_from=8)
+    assert 0 < later["positions"] < every["positions"]
     more = train(str(path), feats, tmp / "skv", small_cfg(arch="shared-kv", steps=70), resume=True,
                  log=lambda m: None)
     assert more["train"]["steps_done"] == 60

@@ -678,7 +678,8 @@ def _train(target, features, out, cfg: TrainConfig, resume: bool, head_overrides
 # -- offline evaluation -------------------------------------------------------------------------
 @torch.no_grad()
 def eval_head(ckpt: str | Path, features, max_chain: int = 8,
-              max_samples: int = 200, start_from: int = 0, online: bool = False) -> dict:
+              max_samples: int = 200, start_from: int = 0, online: bool = False,
+              all_samples: bool = False) -> dict:
     """Offline acceptance on held-out samples (a features folder, or `OnlineFeatures` to run the
     target on the held-out data samples instead): for every chain start t, draft greedily for up
     to `max_chain` steps and compare with the target's argmax over the full vocabulary.
@@ -688,7 +689,9 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
     followed only while the text goes where greedy decoding would, `chain_counts`) and the
     expected accepted length of chains of 1..max_chain drafts (from those rates).
     `start_from` counts only chain starts at that position or later (the head still reads
-    everything before), e.g. past the sliding window.
+    everything before), e.g. past the sliding window, or past the prompt of target-written text.
+    `all_samples`: score every sample (up to `max_samples`), not only the held-out twentieth, for
+    a folder made from text no head trained on (held-out passages).
     """
     head, meta = load_head(ckpt)
     spec = checkpoint_target(meta)
@@ -711,7 +714,7 @@ def eval_head(ckpt: str | Path, features, max_chain: int = 8,
     if tuple(getattr(feats, "layers", ())) != want:
         raise EdgespecError(f"{features} holds features of layers {list(getattr(feats, 'layers', ()))}; "
                             f"this head reads {list(want) or 'the final hidden state only'}")
-    idx = split_samples(feats)[1][:max_samples]
+    idx = (list(range(len(feats.sample_ids()))) if all_samples else split_samples(feats)[1])[:max_samples]
     if not idx:
         raise EdgespecError(f"{features}: no held-out samples (every {EVAL_EVERY}th sample)")
     embed = embedding_rows(spec)

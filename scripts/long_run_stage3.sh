@@ -16,8 +16,8 @@
 # for STEPS steps (default 4000, about three epochs), a checkpoint every 200 steps, each also
 # written to carry/gemma3-270m-shared-kv-stage3 (~1.5 s a step on 2 cores: a run spans
 # sessions; each re-makes the data and features, then resumes).
-# Carried so far: step 2800 of 4000 (the session ran out before the last steps; the next one
-# re-makes the features, ~15 min here, and resumes with this same command).
+# Carried: the finished run, step 4000 of 4000 (over two sessions; the command re-makes the
+# features where they are missing, then finds the run done).
 # When the run is done: eval-head of the finished head on this stage's held-out samples (JSON
 # beside the run); `scripts/eval_heads.py --features runs/stage3/feat-kv ...` compares it with
 # the stage-2 head on the same samples, which neither trained on.

@@ -44,7 +44,7 @@ def main() -> int:
         ids = np.sort(np.concatenate([old, np.asarray(extra, np.int64)]))
         head.c.n_draft_vocab = len(ids)
         head.lm_head = torch.from_numpy(np.asarray(embedding_rows(checkpoint_target(meta))[ids], np.float32))
-        meta["draft_vocab"] = dict(meta["draft_vocab"], ids=ids, d2t=ids - np.arange(len(ids)))
+        meta["draft_vocab"] = dict(meta["draft_vocab"], ids=ids)
         save_checkpoint(out, head, meta)
     except EdgespecError as e:
         print(f"error: {e}", file=sys.stderr)

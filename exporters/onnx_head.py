@@ -203,10 +203,7 @@ def _shared_kv_module(head):
             x = h.step_input(tok_emb[None], hidden[None])  # [1, T, d]
             qpos = position + torch.zeros_like(tok_emb[None, :, 0], dtype=torch.int64)  # [1, T]
             for i, blk in enumerate(h.blocks):
-                k, v = kv[2 * i][None], kv[2 * i + 1][None]
-                every = torch.ones_like(qpos, dtype=torch.bool)[:, :, None] & \
-                    torch.ones_like(k[:, :, 0, 0], dtype=torch.bool)[:, None, :]  # [1, T, S]
-                x = blk(x, qpos, k, v, every)
+                x = blk(x, qpos, kv[2 * i][None], kv[2 * i + 1][None])  # every key given
             out = h.post_proj(h.out_norm(x))[0]
             return h.logits(out), out
 

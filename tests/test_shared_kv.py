@@ -86,6 +86,45 @@ def test_a_query_sees_the_keys_before_it_and_sliding_layers_only_their_window():
     assert not torch.allclose(out[0][0, t], base[0][0, t], atol=1e-3)
 
 
+
+@torch.no_grad()
+def test_grouped_attention_reads_each_query_heads_own_kv_head():
+    """The block stacks the query heads that share a KV head into one matmul (no copy per query
+    head): with two KV heads and a mask it equals attention done head by head, query head h over
+    KV head h // (n_head / n_head_kv); with no mask, every key."""
+    import torch.nn.functional as F
+
+    from edgespec.training.head import rope
+    from edgespec.training.shared_kv import SharedKVBlock
+
+    torch.manual_seed(3)
+    c = _config(n_head=4, n_head_kv=2)
+    blk = SharedKVBlock(c, 1).eval()
+    for p in blk.parameters():
+        p.data.add_(0.1 * torch.randn_like(p))
+    b, t, s, hd = 2, 3, 7, c.head_dim
+    x, k, v = torch.randn(b, t, c.d_model), torch.randn(b, s, 2, hd), torch.randn(b, s, 2, hd)
+    qpos = torch.tensor([[4, 5, 6], [2, 2, 2]])
+    mask = torch.rand(b, t, s) > 0.4
+    mask[..., 0] = True  # no row without a key
+
+    def by_hand(mask):
+        q = rope(blk.q_norm(blk.q(blk.input_norm(x)).view(b, t, 4, hd)), qpos, blk.base)
+        heads = []
+        for h in range(4):
+            sc = torch.einsum("btd,bsd->bts", q[:, :, h], k[:, :, h // 2]) * c.scale
+            if mask is not None:
+                sc = sc.masked_fill(~mask, float("-inf"))
+            heads.append(torch.softmax(sc, -1) @ v[:, :, h // 2])
+        y = x + blk.post_attn_norm(blk.o(torch.cat(heads, -1)))
+        f = blk.pre_ffn_norm(y)
+        return y + blk.post_ffn_norm(blk.down(F.gelu(blk.gate(f), approximate="tanh") * blk.up(f)))
+
+    assert torch.allclose(blk(x, qpos, k, v, mask), by_hand(mask), atol=1e-5)
+    assert torch.allclose(blk(x, qpos, k, v), by_hand(None), atol=1e-5)
+    swapped = k.flip(2)  # KV heads in the other order: the output must change
+    assert not torch.allclose(blk(x, qpos, swapped, v, mask), by_hand(mask), atol=1e-3)
+
 def test_config_round_trip_and_refusals():
     c = _config()
     assert SharedKVConfig.from_dict(c.to_dict()) == c and head_arch(c.to_dict()) == "shared-kv"

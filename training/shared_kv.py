@@ -41,19 +41,26 @@ class SharedKVBlock(nn.Module):
         self.down = nn.Linear(c.n_ff, d, bias=False)
         self.post_ffn_norm = RMSNorm(d, c.rms_eps)
 
-    def forward(self, x, qpos, k, v, mask):
+    def forward(self, x, qpos, k, v, mask=None):
         """x [B, T, d], qpos [B, T] (query positions); k/v [B, S, Hkv, D] the target's keys
-        and values; mask [B, T, S] bool (which keys each query sees) -> [B, T, d]."""
+        and values; mask [B, T, S] bool (which keys each query sees), None: every key -> [B, T, d].
+
+        Grouped-query attention as two matmuls per KV head: the rep query heads that share a KV
+        head and the T queries stack into one [T * rep, D] block against that head's keys [D, S],
+        so no key or value is copied per query head (what the ONNX export runs each draft step)."""
         b, t, _ = x.shape
         c = self.c
-        q = self.q_norm(self.q(self.input_norm(x)).view(b, t, c.n_head, c.head_dim))
-        q = rope(q, qpos, self.base)
-        rep = c.n_head // c.n_head_kv
-        kk, vv = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
-        s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * c.scale
-        s = s.masked_fill(~mask[:, None], float("-inf"))
+        g, rep, hd = c.n_head_kv, c.n_head // c.n_head_kv, c.head_dim
+        q = self.q_norm(self.q(self.input_norm(x)).view(b, t, c.n_head, hd))
+        q = rope(q, qpos, self.base)  # [B, T, H, D]; query head h reads KV head h // rep
+        qg = q.reshape(b, t, g, rep, hd).permute(0, 2, 1, 3, 4).reshape(b, g, t * rep, hd)
+        s = (qg @ k.permute(0, 2, 3, 1)) * c.scale  # [B, G, T * rep, S]
+        if mask is not None:
+            s = s.view(b, g, t, rep, -1).masked_fill(~mask[:, None, :, None, :], float("-inf"))
+            s = s.view(b, g, t * rep, -1)
         p = torch.softmax(s.float(), -1).type_as(q)
-        attn = torch.einsum("bhqk,bkhd->bqhd", p, vv).reshape(b, t, c.n_head * c.head_dim)
+        attn = (p @ v.permute(0, 2, 1, 3)).view(b, g, t, rep, hd)  # [B, G, T, rep, D]
+        attn = attn.permute(0, 2, 1, 3, 4).reshape(b, t, c.n_head * hd)
         x = x + self.post_attn_norm(self.o(attn))
         h = self.pre_ffn_norm(x)
         h = self.down(F.gelu(self.gate(h), approximate="tanh") * self.up(h))

@@ -444,6 +444,18 @@ def sampler_cost_table(path: Path) -> str:
                   "tokens kept (median)"], rows)
 
 
+def head_step_cost_table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    m0 = r["machine"]
+    files = [f["head"] for f in r["rows"][0]["files"]]
+    rows = [[x["context"], *[f"{f['ms_median']:.3f} ({f['ms_q1']:.3f}-{f['ms_q3']:.3f})" for f in x["files"]],
+             f"{max(f['max_logit_diff_vs_first'] for f in x['files']):.5f}"] for x in r["rows"]]
+    return table(f"One shared-KV draft step by context length (`{path.relative_to(ROOT)}`, "
+                 f"`{r['command']}`): ms per step, median (quartiles) of {r['reps']} interleaved "
+                 f"timings, onnxruntime on one thread; {m0['cpu']}.",
+                 ["keys attended", *[f"`{f}`" for f in files], "largest logit gap to the first file"], rows)
+
+
 def certificate_table(path: Path) -> str:
     r = json.loads(path.read_text())
     m0 = r["machine"]
@@ -501,6 +513,7 @@ def render() -> str:
                                 ("data-speed-*.json", data_speed_table),
                                 ("verify-cost-*.json", verify_cost_table),
                                 ("sampler-cost-*.json", sampler_cost_table),
+                                ("head-step-cost-*.json", head_step_cost_table),
                                 ("lowrank-certificate-*.json", certificate_table),
                                 ("certificate-bounds-*.json", certificate_bounds_table),
                                 ("workload-*.json", workload_table)):

@@ -452,7 +452,8 @@ def head_step_cost_table(path: Path) -> str:
              f"{max(f['max_logit_diff_vs_first'] for f in x['files']):.5f}"] for x in r["rows"]]
     return table(f"One shared-KV draft step by context length (`{path.relative_to(ROOT)}`, "
                  f"`{r['command']}`): ms per step, median (quartiles) of {r['reps']} interleaved "
-                 f"timings, onnxruntime on one thread; {m0['cpu']}.",
+                 f"timings, onnxruntime on one thread"
+                 f"{', caches evicted before each step' if r.get('cold') else ''}; {m0['cpu']}.",
                  ["keys attended", *[f"`{f}`" for f in files], "largest logit gap to the first file"], rows)
 
 

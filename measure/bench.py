@@ -21,7 +21,7 @@ from pathlib import Path
 
 from edgespec.errors import EdgespecError
 from edgespec.io import atomic_write_text, progress
-from edgespec.runtime.policies import POLICIES
+from edgespec.runtime.policies import POLICIES, MemoryStore
 
 
 @dataclass
@@ -170,10 +170,15 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
             raise EdgespecError(f"--baseline {baseline} is not a file of target {engine.spec.name}")
         methods = [*methods, Method("baseline", "target", k=0, engine="baseline")]
 
+    # each row learns its draft estimates on its own, from a fresh start, over its warm-up and
+    # prompts: no row starts from what earlier runs on this machine or other rows learned
+    stores = {m.name: MemoryStore() for m in methods}
+
     def run(m: Method, ids: list[int]):
         d = drafters.get(m.name)
         eng = engines[m.engine]
-        policy = SpecConfig(k=m.k, policy=m.policy).make_policy(eng, sp.greedy, drafting=d is not None)
+        policy = SpecConfig(k=m.k, policy=m.policy).make_policy(eng, sp.greedy, drafting=d is not None,
+                                                                store=stores[m.name])
         g = Generation(eng, ids, sp, max_tokens=max_new_tokens, drafter=d, policy=policy)
         for _ in g:
             pass
@@ -216,7 +221,8 @@ def bench(target: str, prompts: list[dict], methods: list[Method], max_new_token
                         "fingerprint": engine.spec.tokenizer_fingerprint}
     report["settings"] = {"max_new_tokens": max_new_tokens, "temperature": temperature,
                           "prompts": len(prompts), "n_ctx": n_ctx, "background_load": background_load,
-                          "methods": [m.__dict__ for m in methods]}
+                          "methods": [m.__dict__ for m in methods],
+                          "policy_state": "each row its own, from a fresh start"}
     if baseline:
         report["baseline"] = _engine_file(engines["baseline"], baseline)
     report["machine"] = machine_info(engine.n_threads)

@@ -666,6 +666,27 @@ class PolicyStore:
             cache.put_json(ACCEPTANCE_FILE, self.key, policy.state())
 
 
+class MemoryStore(PolicyStore):
+    """A policy's learned acceptance state kept in this process only, from a fresh start (what a
+    new install starts from): the bench gives each of its rows one, so no row starts from what
+    earlier runs or the other rows learned on this machine, and rows drafting with the same head
+    do not share estimates. The verify-cost curve is still kept where PolicyStore keeps it (it
+    is the machine's, not the row's)."""
+
+    def __init__(self):
+        super().__init__("")
+        self.state: dict | None = None
+
+    def load(self) -> dict | None:
+        return self.state
+
+    def save(self, policy: CostAware) -> None:
+        if policy.c.key:
+            store_verify_cost(policy.c.key, policy.c.learned())
+        if policy.accs:
+            self.state = policy.state()
+
+
 def _teach(table: list[list[float]], bins: list[int], drafted: int, accepted: int) -> None:
     """Count each verified draft position (accepted or the first rejected) into its bin's
     [accepted, drafted]; a bin past CALIB_CAP drafts halves its counts (recent ones weigh more)."""
@@ -685,12 +706,14 @@ def _u_bin(u: float) -> int:
     return min(max(int(u * U_BINS), 0), U_BINS - 1)
 
 
-def make_policy(name: str, k: int, engine=None, greedy: bool = True):
+def make_policy(name: str, k: int, engine=None, greedy: bool = True, store: PolicyStore | None = None):
     """The draft-length policy `name` for up to k drafts per step (see `SpecConfig.draft_k`,
     the one place that decides k). The cost policy gets its verify-cost curve (this process's
     live one, the stored one, or a short measurement on `engine`) and the state the last
     generation with the same key left, here, before it is built. greedy: verification as
-    greedy decoding asks for it (low-rank LM head) or as sampling does."""
+    greedy decoding asks for it (low-rank LM head) or as sampling does. store: where the cost
+    policy's learned state comes from and goes (default: edgespec's cache, per machine, engine,
+    target, LM head and decoding kind; a MemoryStore keeps it in this process)."""
     if name == "fixed":
         return FixedK(k)
     if name == "confidence":
@@ -702,6 +725,7 @@ def make_policy(name: str, k: int, engine=None, greedy: bool = True):
         if own is not None:
             return own
         cost = measure_verify_cost(engine, k + 1, top_only=greedy)
-        store = PolicyStore(f"{cost.key}|{'greedy' if greedy else 'sampled'}")
+        if store is None:
+            store = PolicyStore(f"{cost.key}|{'greedy' if greedy else 'sampled'}")
         return CostAware(k, cost, state=store.load(), store=store)
     raise EdgespecError(f"unknown draft policy '{name}'; choose from {', '.join(POLICIES)}")

@@ -47,10 +47,11 @@ class SpecConfig:
         k = self.k if self.k is not None else (engine.draft_k if greedy else engine.draft_k_sampled)
         return min(k, MAX_DRAFT)
 
-    def make_policy(self, engine, greedy: bool, drafting: bool = True):
-        """The draft-length policy of one request on `engine` (FixedK(0) without a drafter)."""
+    def make_policy(self, engine, greedy: bool, drafting: bool = True, store=None):
+        """The draft-length policy of one request on `engine` (FixedK(0) without a drafter);
+        store: where a cost policy's learned state lives (policies.make_policy)."""
         k = self.draft_k(engine, greedy, drafting)
-        return make_policy(self.policy, k, engine, greedy) if k else FixedK(0)
+        return make_policy(self.policy, k, engine, greedy, store=store) if k else FixedK(0)
 
 
 def add_spec_args(parser, draft: str | None = "default", many_drafts: bool = False) -> None:

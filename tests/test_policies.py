@@ -197,6 +197,40 @@ def test_acceptance_carries_over_between_generations(tmp_path, monkeypatch):
     assert CostAware(3, costs, draft_step_s=1e-4, state=other.load()).limit("head") == 3
 
 
+def test_a_memory_store_carries_state_between_its_own_generations_only(tmp_path, monkeypatch):
+    """The bench's rows each learn on their own (policies.MemoryStore): a row's next generation
+    starts from what its last one learned, another row's and the disk cache's state stay apart,
+    and nothing of the acceptance state reaches the cache."""
+    from edgespec import cache
+    from edgespec.runtime.policies import ACCEPTANCE_FILE, MemoryStore, VerifyCost, make_policy
+
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path))
+    costs = [0.010, 0.011, 0.012, 0.013]
+    disk = PolicyStore("k|greedy")
+    learned = CostAware(3, costs, draft_step_s=1e-4, store=disk)
+    for _ in range(40):
+        learned.update(3, 0, "head")
+    learned.finish()  # the disk cache now says the head never pays
+    row, other = MemoryStore(), MemoryStore()
+    first = CostAware(3, costs, draft_step_s=1e-4, state=row.load(), store=row)
+    assert first.limit("head") == 3  # a fresh start, not the disk cache's state
+    for _ in range(40):
+        first.update(3, 3, "head")
+    first.finish()
+    again = CostAware(3, costs, draft_step_s=1e-4, state=row.load(), store=row)
+    assert again.acc_for("head")[0] > 0.95
+    assert CostAware(3, costs, draft_step_s=1e-4, state=other.load()).acc_for("head")[0] == 0.8
+    assert cache.read_json(ACCEPTANCE_FILE)["k|greedy"]["head"]["acc"][0] < 0.05  # untouched
+
+    class Engine:  # what make_policy's cost measurement reads: a live curve already measured
+        def cost_policy(self, k, greedy):
+            return None
+
+    monkeypatch.setattr("edgespec.runtime.policies.measure_verify_cost",
+                        lambda engine, n, top_only=True: VerifyCost(costs))
+    assert make_policy("cost", 3, Engine(), store=row).store is row
+
+
 def test_try_back_off_carries_over_between_generations(tmp_path, monkeypatch):
     """Short generations must not each start trying a source that never pays afresh (one
     engine's generations share its live cost curve, as `measure_verify_cost` hands out)."""

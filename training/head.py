@@ -57,15 +57,22 @@ def rope(x, pos, base: float):
 
 
 def attend(q, k, v, mask, scale: float):
-    """q [B, Tq, H, D], k/v [B, Tk, Hkv, D], mask [B or 1, Tq, Tk] bool -> [B, Tq, H*D]."""
+    """q [B, Tq, H, D], k/v [B, Tk, Hkv, D], mask [B or 1, Tq, Tk] bool, None: every key ->
+    [B, Tq, H*D]. Grouped-query attention as two matmuls per KV head: the query heads that share
+    a KV head (query head h reads KV head h // rep) and the Tq queries stack into one
+    [Tq * rep, D] block against that head's keys [D, Tk], so no key or value is copied per
+    query head (what an ONNX export of a head runs each draft step)."""
     b, tq, nh, d = q.shape
-    rep = nh // k.shape[2]
-    k = k.repeat_interleave(rep, dim=2)
-    v = v.repeat_interleave(rep, dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    s = s.masked_fill(~mask[:, None], float("-inf"))
+    g = k.shape[2]
+    rep = nh // g
+    qg = q.reshape(b, tq, g, rep, d).permute(0, 2, 1, 3, 4).reshape(b, g, tq * rep, d)
+    s = (qg @ k.permute(0, 2, 3, 1)) * scale  # [B, G, Tq * rep, Tk]
+    if mask is not None:
+        s = s.view(b, g, tq, rep, -1).masked_fill(~mask[:, None, :, None, :], float("-inf"))
+        s = s.view(b, g, tq * rep, -1)
     p = torch.softmax(s.float(), -1).type_as(q)
-    return torch.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, tq, nh * d)
+    out = (p @ v.permute(0, 2, 1, 3)).view(b, g, tq, rep, d)  # [B, G, Tq, rep, D]
+    return out.permute(0, 2, 1, 3, 4).reshape(b, tq, nh * d)
 
 
 def attend_chain(q, rk, rv, mask, chain, scale: float):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgespec.runtime.formats import SharedKVConfig
-from edgespec.training.head import RMSNorm, rope
+from edgespec.training.head import RMSNorm, attend, rope
 
 
 class SharedKVBlock(nn.Module):
@@ -43,24 +43,12 @@ class SharedKVBlock(nn.Module):
 
     def forward(self, x, qpos, k, v, mask=None):
         """x [B, T, d], qpos [B, T] (query positions); k/v [B, S, Hkv, D] the target's keys
-        and values; mask [B, T, S] bool (which keys each query sees), None: every key -> [B, T, d].
-
-        Grouped-query attention as two matmuls per KV head: the rep query heads that share a KV
-        head and the T queries stack into one [T * rep, D] block against that head's keys [D, S],
-        so no key or value is copied per query head (what the ONNX export runs each draft step)."""
+        and values; mask [B, T, S] bool (which keys each query sees), None: every key (what the
+        ONNX export runs each draft step) -> [B, T, d]."""
         b, t, _ = x.shape
         c = self.c
-        g, rep, hd = c.n_head_kv, c.n_head // c.n_head_kv, c.head_dim
-        q = self.q_norm(self.q(self.input_norm(x)).view(b, t, c.n_head, hd))
-        q = rope(q, qpos, self.base)  # [B, T, H, D]; query head h reads KV head h // rep
-        qg = q.reshape(b, t, g, rep, hd).permute(0, 2, 1, 3, 4).reshape(b, g, t * rep, hd)
-        s = (qg @ k.permute(0, 2, 3, 1)) * c.scale  # [B, G, T * rep, S]
-        if mask is not None:
-            s = s.view(b, g, t, rep, -1).masked_fill(~mask[:, None, :, None, :], float("-inf"))
-            s = s.view(b, g, t * rep, -1)
-        p = torch.softmax(s.float(), -1).type_as(q)
-        attn = (p @ v.permute(0, 2, 1, 3)).view(b, g, t, rep, hd)  # [B, G, T, rep, D]
-        attn = attn.permute(0, 2, 1, 3, 4).reshape(b, t, c.n_head * hd)
+        q = self.q_norm(self.q(self.input_norm(x)).view(b, t, c.n_head, c.head_dim))
+        attn = attend(rope(q, qpos, self.base), k, v, mask, c.scale)
         x = x + self.post_attn_norm(self.o(attn))
         h = self.pre_ffn_norm(x)
         h = self.down(F.gelu(self.gate(h), approximate="tanh") * self.up(h))

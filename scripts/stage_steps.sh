@@ -5,11 +5,11 @@ es=.venv/bin/edgespec
 target=gemma3-270m
 done_() { [ -f "$1/manifest.json" ] && grep -q '"complete": true' "$1/manifest.json"; }
 
-# stage_features OUT N SKIP: the data (passages SKIP to SKIP + N of the seed-5 order of the
-# standard library's training passages, first 256 tokens each, no generation) and its int4
-# features with the keys and values of layers 16 and 17.
+# stage_features OUT N SKIP [SOURCE]: the data (passages SKIP to SKIP + N of the seed-5 order of
+# SOURCE's training passages, `stdlib` unless given, first 256 tokens each, no generation) and
+# its int4 features with the keys and values of layers 16 and 17.
 stage_features() {
-    done_ "$1/data" || $es data --target $target --out "$1/data" --prompts stdlib \
+    done_ "$1/data" || $es data --target $target --out "$1/data" --prompts "${4:-stdlib}" \
         --new-tokens 0 --text-tokens 256 --n-prompts "$2" --skip-prompts "$3" --seed 5
     done_ "$1/feat-kv" || $es extract --target $target --data "$1/data" --out "$1/feat-kv" \
         --dtype int4 --n-batch 256 --kv

@@ -11,8 +11,9 @@
 # shared-kv --init-from` the carried stage-3 state (its weights and draft vocabulary; fresh
 # optimizer and schedule) at the earlier stages' learning rates for STEPS steps (default 1500),
 # a checkpoint every 200 steps, each also written to carry/gemma3-270m-shared-kv-stage4. The
-# passages depend on the installed packages: `make setup` pins them, and the carried recipe's
-# token hash refuses a resume on other text.
+# passages depend on the installed packages: `make setup` pins only the direct dependencies, so
+# install the versions carry/gemma3-270m-shared-kv-stage4/data-sources.json lists; the carried
+# recipe's token hash refuses a resume on other text.
 # When the run is done: eval-head of the finished head on this stage's held-out samples (JSON
 # beside the run); `scripts/eval_heads.py` compares it with the stage-3 head on samples neither
 # trained on.

@@ -15,13 +15,14 @@ stage_features() {
         --dtype int4 --n-batch 256 --kv
 }
 
-# stage_train OUT STEPS INIT CARRY: `train --arch shared-kv --init-from INIT` at a quarter of the
-# default learning rates, a checkpoint every 200 steps, each carried to CARRY (resumed from
+# stage_train OUT STEPS INIT CARRY [FEATURES ...]: `train --arch shared-kv --init-from INIT` at a
+# quarter of the default learning rates on OUT's features (and any further FEATURES folders,
+# read as one with them), a checkpoint every 200 steps, each carried to CARRY (resumed from
 # there, or from OUT/head, where a state is), then eval-head on OUT's held-out samples.
 stage_train() {
     local resume=()
     if [ -f "$4/carry.json" ] || [ -f "$1/head/train_state.pt" ]; then resume=(--resume); fi
-    $es train --target $target --features "$1/feat-kv" --out "$1/head" --steps "$2" --seed 0 \
+    $es train --target $target --features "$1/feat-kv" "${@:5}" --out "$1/head" --steps "$2" --seed 0 \
         --arch shared-kv --init-from "$3" --optimizer muon --lr 5e-4 --muon-lr 5e-3 \
         --save-every 200 --carry "$4" "${resume[@]}"
     [ -s "$1/head.eval.json" ] || { $es eval-head "$1/head" --features "$1/feat-kv" --json \

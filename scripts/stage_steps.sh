@@ -1,5 +1,5 @@
-# The steps every stage of the long shared-KV run takes (scripts/long_run_more.sh,
-# scripts/long_run_stage3.sh source this; each gives its own recipe). Each step is skipped where
+# The steps every stage of the long shared-KV run takes (scripts/long_run_more.sh and
+# scripts/long_run_stage3.sh to long_run_stage5.sh source this; each gives its own recipe). Each step is skipped where
 # a finished one is on disk, so rerunning a stage's command on any machine continues it.
 es=.venv/bin/edgespec
 target=gemma3-270m
